@@ -1,0 +1,45 @@
+# gemma-cy: every target sets itself up in a local .venv (override with PYTHON=).
+# A fresh machine needs only python3, gcc and make.
+
+PYTHON ?= .venv/bin/python
+BOOTSTRAP_PYTHON ?= python3
+VENV_STAMP := .venv/.deps-stamp
+BUILD_STAMP := .venv/.build-stamp
+MODELS := models
+TINY := $(MODELS)/tiny.gmw
+PROMPT ?= Once upon a time
+SOURCES := $(wildcard gemma_cy/*.pyx gemma_cy/*.pxd gemma_cy/*.h) setup.py pyproject.toml
+
+.PHONY: build test test-debug run bench clean
+
+$(VENV_STAMP): pyproject.toml
+	@if [ "$(PYTHON)" = ".venv/bin/python" ] && [ ! -x .venv/bin/python ]; then $(BOOTSTRAP_PYTHON) -m venv .venv; fi
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet "setuptools>=70" wheel "Cython>=3" "numpy>=2" "pytest>=8" "hypothesis>=6"
+	@mkdir -p .venv && touch $@
+
+$(BUILD_STAMP): $(VENV_STAMP) $(SOURCES)
+	$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps -e .
+	$(PYTHON) setup.py --quiet build_ext --inplace
+	@touch $@
+
+build: $(BUILD_STAMP)
+
+$(TINY): $(BUILD_STAMP) scripts/make_test_weights.py
+	@mkdir -p $(MODELS)
+	$(PYTHON) scripts/make_test_weights.py --size tiny -o $(TINY)
+
+run: $(TINY)
+	@echo "tiny model has random weights: expect gibberish" >&2
+	$(PYTHON) -m gemma_cy.cli --weights $(TINY) --prompt "$(PROMPT)" --n_dec 48 --temp 0.8 --minp 0.05 --seed 7
+
+test: $(BUILD_STAMP)
+	$(PYTHON) -m pytest -q tests
+
+bench: $(BUILD_STAMP)
+	$(PYTHON) scripts/bench.py
+
+clean:
+	rm -rf build $(MODELS) .pytest_cache .hypothesis gemma_cy/*.c gemma_cy/*.so gemma_cy/*.html *.egg-info
+	find . -name __pycache__ -prune -exec rm -rf {} +
+	rm -f $(BUILD_STAMP)

@@ -1,0 +1,1 @@
+"""gemma-cy: a readable CPU inference engine for Gemma-family models."""
