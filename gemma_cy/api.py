@@ -1,0 +1,154 @@
+"""The public Python API: ``gemma_cy.load(...)`` -> ``Model``.
+
+    >>> model = gemma_cy.load("models/tiny.gmw")
+    >>> gen = model.generate("Once upon a time", n_dec=20, temperature=0)
+    >>> text = "".join(step.text for step in gen); gen.stop_reason
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from .engines import DEFAULT_ENGINE, make_engine
+from .errors import ModelFormatError, ParameterError, TokenIndexError
+from .formats.gmw import read_gmw
+from .generation import Generation, Observer
+from .sampling import Sampler
+from .tokenizer import GreedyTokenizer
+from .weights import Weights
+
+CHAT_USER_TEMPLATE = "<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n"
+STOP_PIECES = ("<end_of_turn>",)  # chat turns end here (SPEC B); stop on it as on <eos>
+
+
+def read_magic(path: str) -> bytes:
+    """The first 4 bytes of ``path``, with one-line errors for unusable paths."""
+    if not os.path.exists(path):
+        raise ModelFormatError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ModelFormatError(f"{path}: is a directory, expected a file")
+    try:
+        with open(path, "rb") as f:
+            return f.read(4)
+    except OSError as e:
+        raise ModelFormatError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def open_weights(path: str) -> Weights:
+    """Read a weights file, choosing the format by its magic bytes."""
+    magic = read_magic(path)
+    if magic == b"GMW1":
+        return read_gmw(path)
+    raise ModelFormatError(f"{path}: unknown weights format (magic {magic!r}; supported: GMW1)")
+
+
+def open_tokenizer(path: str) -> GreedyTokenizer:
+    """Read a tokenizer file, choosing the format by its magic bytes."""
+    magic = read_magic(path)
+    if magic == b"GMT1":
+        return GreedyTokenizer.from_file(path)
+    raise ModelFormatError(f"{path}: unknown tokenizer format (magic {magic!r}; supported: GMT1)")
+
+
+def load(weights: str, tokenizer: str | None = None, engine: str = DEFAULT_ENGINE,
+         max_cache_len: int = 8192) -> "Model":
+    """Load a model: ``weights`` file path, ``tokenizer`` path (default
+    weights + ".tok"), ``engine`` "reference" | "fast", and the KV cache
+    length (context = min(max_cache_len, the model's max_seq_len))."""
+    loaded = open_weights(os.fspath(weights))
+    tok = open_tokenizer(os.fspath(tokenizer) if tokenizer is not None else os.fspath(weights) + ".tok")
+    if tok.vocab_size != loaded.config.vocab_size:
+        raise ModelFormatError(
+            f"tokenizer vocab_size = {tok.vocab_size} does not match the weights' vocab_size = "
+            f"{loaded.config.vocab_size}")
+    return Model(loaded, tok, engine, max_cache_len)
+
+
+class Model:
+    """A loaded model: weights, tokenizer and an engine with its KV cache."""
+
+    def __init__(self, weights: Weights, tokenizer: GreedyTokenizer, engine: str = DEFAULT_ENGINE,
+                 max_cache_len: int = 8192):
+        self.weights = weights
+        self.config = weights.config
+        self.tokenizer = tokenizer
+        self.engine_name = engine
+        self.engine = make_engine(engine, weights, max_cache_len)
+        stops = {tokenizer.eos_id}
+        for piece in STOP_PIECES:
+            tid = tokenizer.token_id(piece)
+            if tid is not None:
+                stops.add(tid)
+        self.stop_ids = frozenset(stops)
+
+    @property
+    def context_len(self) -> int:
+        """Positions in the KV cache: min(max_cache_len, model max)."""
+        return self.engine.cache_len
+
+    def tokenize(self, text: str | bytes, add_bos: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text`` (BOS first unless ``add_bos`` is False).
+        Control pieces typed in ``text`` stay plain text unless ``parse_special``."""
+        ids = self.tokenizer.encode(text, parse_special=parse_special)
+        return [self.tokenizer.bos_id] + ids if add_bos else ids
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` (control tokens give nothing)."""
+        return self.tokenizer.decode(list(ids))
+
+    def chat_ids(self, prompt: str) -> list[int]:
+        """``<bos>`` + one user turn in Gemma's template, ready for the model's reply.
+        The template's markers are control tokens; the user's text is plain text."""
+        before, after = CHAT_USER_TEMPLATE.split("{prompt}")
+        return ([self.tokenizer.bos_id]
+                + self.tokenizer.encode(before, parse_special=True)
+                + self.tokenizer.encode(prompt, parse_special=False)
+                + self.tokenizer.encode(after, parse_special=True))
+
+    def prompt_ids(self, prompt: str | bytes | Sequence[int], chat_format: bool = False,
+                   parse_special: bool = False) -> list[int]:
+        """The ids a prompt runs as: text is tokenized with BOS first (an empty
+        prompt is just [BOS]); a sequence of ints is taken as ids, checked."""
+        if isinstance(prompt, (str, bytes)):
+            if chat_format:
+                text = prompt.decode("utf-8", "replace") if isinstance(prompt, bytes) else prompt
+                return self.chat_ids(text)
+            return self.tokenize(prompt, add_bos=True, parse_special=parse_special)
+        ids = [int(i) for i in prompt]
+        for i in ids:
+            if not 0 <= i < self.config.vocab_size:
+                raise TokenIndexError(f"prompt id {i} outside the vocabulary [0, {self.config.vocab_size})")
+        return ids
+
+    def generate(self, prompt: str | bytes | Sequence[int] = "", n_dec: int = 250,
+                 temperature: float = 0.7, min_p: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, seed: int = 0, chat_format: bool = False,
+                 terminate_on_eos: bool = True, parse_special: bool = False,
+                 observer: Observer | None = None, keep_cache: bool = False) -> Generation:
+        """Start generating; iterate the result for ``Step(token_id, text)``.
+
+        Sampling follows SPEC A6: greedy unless ``min_p``, ``top_k`` or
+        ``top_p`` is given (or temperature 0). ``keep_cache`` continues from the
+        KV cache's current position (multi-turn chat) instead of resetting it.
+        """
+        sampler = Sampler(temperature=temperature, min_p=min_p, top_k=top_k, top_p=top_p, seed=seed)
+        ids = self.prompt_ids(prompt, chat_format=chat_format, parse_special=parse_special)
+        if not keep_cache:
+            self.engine.reset()
+        return Generation(self.engine, self.tokenizer, sampler, ids, n_dec,
+                          stop_ids=self.stop_ids if terminate_on_eos else frozenset(),
+                          observer=observer)
+
+    def logits(self, prompt: str | bytes | Sequence[int], position: int = -1,
+               observer: Observer | None = None) -> np.ndarray:
+        """Logits (vocab,) f32 at ``position`` of the prompt (default: the last),
+        computed from a fresh KV cache over the prompt up to that position."""
+        ids = self.prompt_ids(prompt)
+        n = len(ids)
+        if isinstance(position, bool) or not isinstance(position, int) or not -n <= position < n:
+            raise ParameterError(f"position = {position!r}, must be in [-{n}, {n}) for a {n}-token prompt")
+        end = position % n + 1
+        self.engine.reset()
+        return np.array(self.engine.prefill(ids[:end], observer), copy=True)

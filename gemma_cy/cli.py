@@ -1,0 +1,179 @@
+"""The ``gemma-cy`` command line (flags of the seed engine, SPEC A7, plus ours).
+
+Generated text streams to stdout; timing and warnings go to stderr. Every
+error is one line on stderr and a non-zero exit; Ctrl-C exits 130.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from .engines import DEFAULT_ENGINE, ENGINES
+from .errors import GemmaCyError, ParameterError
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def int_flag(text: str) -> int:
+    """An integer flag value (also accepts 1e3-free plain decimal only)."""
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def float_flag(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def id_list_flag(text: str) -> list[int]:
+    """'1,2,3' -> [1, 2, 3]."""
+    try:
+        ids = [int(part, 10) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("expected at least one token id")
+    return ids
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="gemma-cy", description="Generate text with a Gemma-family model on the CPU.")
+    p.add_argument("--weights_path", "--weights", dest="weights", help="weights file (GMW1)")
+    p.add_argument("--tok_path", help="tokenizer file (default: weights path + '.tok')")
+    p.add_argument("--model_size", help="check the file against a preset (e.g. tiny)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default=None, help="prompt text (empty: just <bos>)")
+    src.add_argument("--prompt_ids", type=id_list_flag, help="comma-separated token ids instead of text")
+    p.add_argument("--n_dec", type=int_flag, default=250, help="tokens to generate (default 250)")
+    p.add_argument("--temp", type=float_flag, default=0.7, help="temperature; 0 = greedy (default 0.7)")
+    p.add_argument("--minp", type=float_flag, default=None, help="Min-P in [0, 1]; unset = greedy")
+    p.add_argument("--topk", type=int_flag, default=None, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--topp", type=float_flag, default=None, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--max_cache_len", type=int_flag, default=8192,
+                   help="KV cache length; context = min(this, model max) (default 8192)")
+    p.add_argument("--seed", type=int_flag, default=0, help="sampler seed (SplitMix64), default 0")
+    p.add_argument("--terminate_on_eos", type=int_flag, default=1, choices=(0, 1),
+                   help="stop at <eos>/<end_of_turn> (default 1)")
+    p.add_argument("--chat_format", type=int_flag, default=0, choices=(0, 1),
+                   help="wrap the prompt in Gemma's user/model turn template")
+    p.add_argument("--parse_special", type=int_flag, default=0, choices=(0, 1),
+                   help="treat control pieces typed in the prompt (<eos>...) as control tokens")
+    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help="compute engine")
+    p.add_argument("--dump", action="store_true", help="print the config and tensor table, then exit")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (ids, text, stop reason, speeds) instead of streaming")
+    return p
+
+
+def dump_model(model, out) -> None:
+    """Config and tensor table (name, shape, dtype, scale)."""
+    cfg = model.config
+    out.write(f"source: {model.weights.source}\n")
+    for name, value in vars(cfg).items():
+        out.write(f"  {name:24s} {value}\n")
+    out.write(f"tensors: {len(model.weights.tensors)}\n")
+    for name, t in model.weights.tensors.items():
+        shape = "x".join(str(d) for d in t.shape)
+        out.write(f"  {name:28s} {shape:>12s}  int8  scale={float(t.scale):.6g}\n")
+
+
+def write_stats(gen, out) -> None:
+    t = gen.timing
+    out.write(f"\nprefill: {t.prefill_tokens} tokens, {t.prefill_tok_s:.1f} tok/s | "
+              f"decode: {t.decode_tokens} tokens, {t.decode_tok_s:.1f} tok/s | "
+              f"stop: {gen.stop_reason}\n")
+
+
+def prompt_source(args) -> bytes | list[int]:
+    """The prompt as raw bytes (argv's undecodable bytes restored) or ids."""
+    if args.prompt_ids is not None:
+        return args.prompt_ids
+    return os.fsencode(args.prompt or "")
+
+
+def run(args) -> int:
+    from . import api
+    from .presets import match_preset
+    from .sampling import Sampler
+
+    if args.n_dec < 0:
+        raise ParameterError(f"--n_dec = {args.n_dec}, must be >= 0")
+    Sampler(temperature=args.temp, min_p=args.minp, top_k=args.topk, top_p=args.topp, seed=args.seed)
+    if not args.weights:
+        raise ParameterError("--weights: no weights file given (try: make run, which builds models/tiny.gmw)")
+    model = api.load(args.weights, args.tok_path, engine=args.engine, max_cache_len=args.max_cache_len)
+    if args.model_size is not None and match_preset(model.config) != args.model_size:
+        raise ParameterError(f"--model_size {args.model_size}: {args.weights} is "
+                             f"{match_preset(model.config) or 'not a known preset'}")
+    if args.dump:
+        dump_model(model, sys.stdout)
+        return 0
+
+    prompt = prompt_source(args)
+    ids = model.prompt_ids(prompt, chat_format=bool(args.chat_format), parse_special=bool(args.parse_special))
+    gen = model.generate(ids, n_dec=args.n_dec, temperature=args.temp, min_p=args.minp,
+                         top_k=args.topk, top_p=args.topp, seed=args.seed,
+                         terminate_on_eos=bool(args.terminate_on_eos))
+    if gen.max_new_tokens < args.n_dec:
+        sys.stderr.write(f"warning: --n_dec {args.n_dec} clamped to {gen.max_new_tokens}: prompt "
+                         f"{len(ids)} + n_dec would pass the context of {model.context_len}\n")
+    try:
+        for step in gen:
+            if not args.json:
+                sys.stdout.write(step.text)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        gen.stop_reason = "interrupted"
+        write_stats(gen, sys.stderr)
+        return EXIT_INTERRUPTED
+    if args.json:
+        json.dump({"prompt_ids": ids, "generated_ids": gen.generated_ids, "text": gen.text,
+                   "stop_reason": gen.stop_reason, "engine": args.engine,
+                   "prefill_tok_s": gen.timing.prefill_tok_s,
+                   "decode_tok_s": gen.timing.decode_tok_s}, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    write_stats(gen, sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gemma-cy`` console script."""
+    try:
+        args = build_parser().parse_args(argv)
+        return run(args)
+    except GemmaCyError as e:
+        sys.stderr.write(f"gemma-cy: error: {e}\n")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("gemma-cy: interrupted\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # stdout was closed early (`gemma-cy ... | head`): leave quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except MemoryError:
+        sys.stderr.write("gemma-cy: error: out of memory\n")
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""The layers of the reference model: one small pure NumPy function each.
+
+Read top to bottom, this is the model (SPEC A5 for the seed, B for Gemma 3):
+
+    x = embed(token, pos)                                       # (dim,)
+    for each layer l:
+        x = x + [post_attn_norm] attention(attn_norm(x), pos, cache)
+        x = x + [post_ffn_norm]  mlp(ffn_norm(x))
+    logits = logits(final_norm(x))                              # (vocab,)
+
+Everything is f32, computed from weights dequantized once (SPEC Part C); the
+only f64 is the RoPE angle table (see ``rope_cos_sin``). The Cython fast path
+mirrors these functions one to one: same names, same signatures.
+
+Abbreviations used in the shape comments:
+    dim     hidden size (residual stream)        hd   head_dim
+    nh      query heads                          nkv  key/value heads
+    qd      nh * hd                              kvd  nkv * hd
+    mlp     MLP hidden width                     T    positions attended to
+    vocab   vocabulary size
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from gemma_cy.config import ModelConfig
+from gemma_cy.weights import Weights
+
+# observer(layer, op, pos, value): see model.OBSERVED_OPS for the calls made.
+Observer = Callable[[int, str, int, np.ndarray], None]
+
+GELU_TANH_C = np.float32(np.sqrt(2.0 / np.pi))  # sqrt(2/pi) of the tanh approximation
+GELU_TANH_A = np.float32(0.044715)
+
+
+# ---------------------------------------------------------------------------
+# Weights, dequantized once
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One transformer layer's tensors as f32 (see gemma_cy.weights)."""
+
+    q_proj: np.ndarray  # (qd, dim)
+    k_proj: np.ndarray  # (kvd, dim)
+    v_proj: np.ndarray  # (kvd, dim)
+    o_proj: np.ndarray  # (dim, qd)
+    gate_proj: np.ndarray  # (mlp, dim)
+    up_proj: np.ndarray  # (mlp, dim)
+    down_proj: np.ndarray  # (dim, mlp)
+    attn_norm: np.ndarray  # (dim,)
+    ffn_norm: np.ndarray  # (dim,)
+    q_norm: np.ndarray | None  # (hd,) when config.qk_norm
+    k_norm: np.ndarray | None  # (hd,) when config.qk_norm
+    post_attn_norm: np.ndarray | None  # (dim,) when config.post_norms
+    post_ffn_norm: np.ndarray | None  # (dim,) when config.post_norms
+
+
+@dataclass(frozen=True)
+class F32Weights:
+    """The whole model's tensors as f32: what the reference computes with."""
+
+    embed_tokens: np.ndarray  # (vocab, dim)
+    embed_positions: np.ndarray | None  # (max_seq_len, dim) when config.position_table
+    layers: tuple[LayerWeights, ...]  # n_layers
+    final_norm: np.ndarray  # (dim,)
+    lm_head: np.ndarray  # (vocab, dim); the same array as embed_tokens when tied
+
+    @classmethod
+    def from_weights(cls, weights: Weights) -> "F32Weights":
+        """Dequantize every tensor of ``weights`` (q * scale, SPEC A2) once."""
+        c = weights.config
+
+        def deq(name: str) -> np.ndarray:
+            return weights[name].dequantize()
+
+        def optional(name: str, present: bool) -> np.ndarray | None:
+            return deq(name) if present else None
+
+        layers = []
+        for layer in range(c.n_layers):
+            p = f"layers.{layer}."
+            layers.append(LayerWeights(
+                q_proj=deq(p + "q_proj"), k_proj=deq(p + "k_proj"), v_proj=deq(p + "v_proj"),
+                o_proj=deq(p + "o_proj"), gate_proj=deq(p + "gate_proj"),
+                up_proj=deq(p + "up_proj"), down_proj=deq(p + "down_proj"),
+                attn_norm=deq(p + "attn_norm"), ffn_norm=deq(p + "ffn_norm"),
+                q_norm=optional(p + "q_norm", c.qk_norm), k_norm=optional(p + "k_norm", c.qk_norm),
+                post_attn_norm=optional(p + "post_attn_norm", c.post_norms),
+                post_ffn_norm=optional(p + "post_ffn_norm", c.post_norms)))
+        embed_tokens = deq("embed_tokens")
+        return cls(
+            embed_tokens=embed_tokens,
+            embed_positions=optional("embed_positions", c.position_table),
+            layers=tuple(layers),
+            final_norm=deq("final_norm"),
+            # tied: one array, not a second dequantized copy of the embedding
+            lm_head=embed_tokens if c.tied_embeddings else deq("lm_head"))
+
+
+class KVCache:
+    """Rotated keys and raw values of every layer and position so far."""
+
+    def __init__(self, config: ModelConfig, max_len: int) -> None:
+        shape = (config.n_layers, max_len, config.n_kv_heads, config.head_dim)
+        self.max_len = max_len
+        self.keys = np.zeros(shape, dtype=np.float32)  # (n_layers, max_len, nkv, hd)
+        self.values = np.zeros(shape, dtype=np.float32)  # (n_layers, max_len, nkv, hd)
+
+
+def no_observer(layer: int, op: str, pos: int, value: np.ndarray) -> None:
+    """The observer used when none is given: ignores every call."""
+
+
+# ---------------------------------------------------------------------------
+# Kernels (know nothing of the graph)
+
+
+def rmsnorm(x: np.ndarray, gain: np.ndarray, eps: float, one_plus: bool) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * g, or * (1 + g) (Gemma), over the last axis.
+
+    x (..., n), gain (n,) -> (..., n). The last axis lets the same function
+    normalize each head of q or k (q/k-norm).
+    """
+    ms = np.mean(x * x, axis=-1, keepdims=True)  # (..., 1)
+    g = np.float32(1.0) + gain if one_plus else gain  # (n,)
+    return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * g
+
+
+def rope_cos_sin(pos: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the angles pos * base^(-2j/hd), j < hd/2, as f32 (hd/2,).
+
+    The angles are computed in f64 and rounded once: in f32, pos * inv_freq
+    loses ~pos * 6e-8 rad (1e-3 at 16k positions), which is accuracy the
+    reference should not give away. The fast path may tabulate these.
+    """
+    j = np.arange(head_dim // 2, dtype=np.float64)  # (hd/2,)
+    inv_freq = float(base) ** (-2.0 * j / head_dim)  # (hd/2,)
+    angle = pos * inv_freq  # (hd/2,)
+    return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+
+
+def rope(x: np.ndarray, pos: int, base: float, pairing: str) -> np.ndarray:
+    """Rotate each head's pairs by pos * inv_freq_j: x (n, hd) -> (n, hd).
+
+    pairing "interleaved": pair j is (x[2j], x[2j+1]) (seed, SPEC A5);
+    "half_split": pair j is (x[j], x[j + hd/2]) (Gemma, HF rotate_half).
+    Pair (a, b) -> (a cos - b sin, a sin + b cos).
+    """
+    head_dim = x.shape[-1]
+    cos, sin = rope_cos_sin(pos, head_dim, base)  # (hd/2,) each
+    if pairing == "interleaved":
+        a, b = x[:, 0::2], x[:, 1::2]  # (n, hd/2) each
+    else:
+        a, b = x[:, :head_dim // 2], x[:, head_dim // 2:]  # (n, hd/2) each
+    ra = a * cos - b * sin  # (n, hd/2)
+    rb = a * sin + b * cos  # (n, hd/2)
+    out = np.empty_like(x)  # (n, hd)
+    if pairing == "interleaved":
+        out[:, 0::2], out[:, 1::2] = ra, rb
+    else:
+        out[:, :head_dim // 2], out[:, head_dim // 2:] = ra, rb
+    return out
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Stable softmax over the last axis: exp(x - max) / sum."""
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap): squashes x into (-cap, cap) (Gemma 2)."""
+    c = np.float32(cap)
+    return c * np.tanh(x / c)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), with sigmoid(x) = exp(-log(1 + exp(-x))): no overflow."""
+    return x * np.exp(-np.logaddexp(np.float32(0.0), -x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GELU, tanh approximation)."""
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(GELU_TANH_C * (x + GELU_TANH_A * x * x * x)))
+
+
+ACTIVATION_FUNCTIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+
+
+def window_start(pos: int, window: int) -> int:
+    """First position a query at ``pos`` attends to: the last ``window``
+    positions, ``pos`` included; window 0 = all, from 0."""
+    return max(0, pos - window + 1) if window > 0 else 0
+
+
+# ---------------------------------------------------------------------------
+# The model's layers
+
+
+def embed(weights: F32Weights, token: int, pos: int, config: ModelConfig) -> np.ndarray:
+    """Token row * embed_scale (+ the learned position row): (dim,)."""
+    x = weights.embed_tokens[token] * np.float32(config.embed_scale)  # (dim,)
+    if config.position_table:
+        x = x + weights.embed_positions[pos]  # (dim,)
+    return x
+
+
+def attention(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCache,
+              config: ModelConfig, observer: Observer = no_observer) -> np.ndarray:
+    """Self-attention of one layer at one position: xn (dim,) -> (dim,).
+
+    Writes this position's rotated key and raw value into ``cache`` and
+    attends over positions window_start(pos, window) .. pos. Observes
+    "q", "k", "v" and "attn_out". Returns o_proj's output (no post-norm).
+    """
+    c = config
+    one_plus = c.norm_gain == "one_plus"
+    q = (w.q_proj @ x).reshape(c.n_heads, c.head_dim)  # (nh, hd)
+    k = (w.k_proj @ x).reshape(c.n_kv_heads, c.head_dim)  # (nkv, hd)
+    v = (w.v_proj @ x).reshape(c.n_kv_heads, c.head_dim)  # (nkv, hd)
+    if c.qk_norm:
+        q = rmsnorm(q, w.q_norm, c.norm_eps, one_plus)  # (nh, hd)
+        k = rmsnorm(k, w.k_norm, c.norm_eps, one_plus)  # (nkv, hd)
+    base = c.rope_base_for(layer)
+    q = rope(q, pos, base, c.rope_pairing)  # (nh, hd)
+    k = rope(k, pos, base, c.rope_pairing)  # (nkv, hd)
+    observer(layer, "q", pos, q)
+    observer(layer, "k", pos, k)
+    observer(layer, "v", pos, v)
+
+    cache.keys[layer, pos] = k
+    cache.values[layer, pos] = v
+    start = window_start(pos, c.window(layer))
+    # GQA: query head h reads kv head h * nkv // nh
+    kv_head = np.arange(c.n_heads) * c.n_kv_heads // c.n_heads  # (nh,)
+    keys = cache.keys[layer, start:pos + 1][:, kv_head]  # (T, nh, hd)
+    values = cache.values[layer, start:pos + 1][:, kv_head]  # (T, nh, hd)
+
+    scores = np.einsum("hd,thd->ht", q, keys) * np.float32(c.scores_scale)  # (nh, T)
+    if c.attn_softcap > 0:
+        scores = softcap(scores, c.attn_softcap)  # (nh, T)
+    probs = softmax(scores)  # (nh, T)
+    out = np.einsum("ht,thd->hd", probs, values).reshape(c.q_dim)  # (qd,)
+    observer(layer, "attn_out", pos, out)
+    return w.o_proj @ out  # (dim,)
+
+
+def mlp(x: np.ndarray, w: LayerWeights, config: ModelConfig) -> np.ndarray:
+    """Gated MLP: down(act(gate x) * (up x)); xn (dim,) -> (dim,)."""
+    act = ACTIVATION_FUNCTIONS[config.activation]
+    h = act(w.gate_proj @ x) * (w.up_proj @ x)  # (mlp,)
+    return w.down_proj @ h  # (dim,)
+
+
+def block(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCache,
+          config: ModelConfig, observer: Observer = no_observer) -> np.ndarray:
+    """One transformer layer: x (dim,) -> (dim,).
+
+    x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x)).
+    """
+    c = config
+    one_plus = c.norm_gain == "one_plus"
+    xn = rmsnorm(x, w.attn_norm, c.norm_eps, one_plus)  # (dim,)
+    observer(layer, "attn_norm", pos, xn)
+    a = attention(xn, w, layer, pos, cache, c, observer)  # (dim,)
+    if c.post_norms:
+        a = rmsnorm(a, w.post_attn_norm, c.norm_eps, one_plus)  # (dim,)
+    observer(layer, "attn", pos, a)
+    x = x + a  # (dim,)
+    observer(layer, "resid_attn", pos, x)
+
+    xn = rmsnorm(x, w.ffn_norm, c.norm_eps, one_plus)  # (dim,)
+    observer(layer, "ffn_norm", pos, xn)
+    m = mlp(xn, w, c)  # (dim,)
+    if c.post_norms:
+        m = rmsnorm(m, w.post_ffn_norm, c.norm_eps, one_plus)  # (dim,)
+    observer(layer, "mlp", pos, m)
+    x = x + m  # (dim,)
+    observer(layer, "resid_mlp", pos, x)
+    return x
+
+
+def final_norm(x: np.ndarray, weights: F32Weights, config: ModelConfig) -> np.ndarray:
+    """RMSNorm with the final gain: (dim,) -> (dim,)."""
+    return rmsnorm(x, weights.final_norm, config.norm_eps, config.norm_gain == "one_plus")
+
+
+def logits(x: np.ndarray, weights: F32Weights, config: ModelConfig) -> np.ndarray:
+    """lm_head . x, soft-capped when config.final_softcap > 0: (dim,) -> (vocab,)."""
+    out = weights.lm_head @ x  # (vocab,)
+    if config.final_softcap > 0:
+        out = softcap(out, config.final_softcap)  # (vocab,)
+    return out

@@ -1,0 +1,192 @@
+"""The gemma-cy command line, end to end on the tiny fixture (subprocess),
+including the bad flags and inputs of BAD_INPUTS.md."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, cli
+
+from gemma_cy.formats.gmt import read_gmt
+from gemma_cy.formats.gmw import read_gmw
+from gemma_cy.tokenizer import GreedyTokenizer
+
+
+def run_json(model, *args):
+    result = cli("--weights", str(model), "--json", *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def assert_one_line_error(result, *needles):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def independent_greedy(model_path, prompt_ids, n):
+    """Greedy decode written out here: argmax (lowest id on ties) over the
+    reference engine's logits, without the package's generation loop or sampler."""
+    from gemma_cy_reference.model import ReferenceEngine
+    engine = ReferenceEngine(read_gmw(str(model_path)), 8192)
+    logits = engine.prefill(prompt_ids)
+    out = []
+    for _ in range(n):
+        tok = int(np.flatnonzero(logits == logits.max())[0])
+        out.append(tok)
+        logits = engine.decode(tok)
+    return out
+
+
+def test_streams_text_and_prints_stats(tiny_model_path):
+    result = cli("--weights", str(tiny_model_path), "--prompt", "Once upon a time", "--n_dec", "12",
+                 "--temp", "0.8", "--minp", "0.05", "--terminate_on_eos", "0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout  # 12 tokens of (gibberish) text
+    assert "prefill:" in result.stderr and "decode:" in result.stderr and "tok/s" in result.stderr
+
+
+def test_greedy_json_matches_an_independent_greedy_loop(tiny_model_path):
+    out = run_json(tiny_model_path, "--prompt", "The cat sat", "--n_dec", "16", "--temp", "0",
+                   "--terminate_on_eos", "0")
+    tok = GreedyTokenizer(read_gmt(str(tiny_model_path) + ".tok"))
+    assert out["prompt_ids"] == [tok.bos_id] + tok.encode("The cat sat")
+    assert out["generated_ids"] == independent_greedy(tiny_model_path, out["prompt_ids"], 16)
+    assert out["text"] == tok.decode(out["generated_ids"])
+    assert out["stop_reason"] == "max_tokens"
+
+
+def test_greedy_is_the_same_for_every_seed(tiny_model_path):
+    runs = [run_json(tiny_model_path, "--prompt", "hello", "--n_dec", "10", "--seed", str(s),
+                     "--terminate_on_eos", "0")["generated_ids"] for s in (0, 1, 12345)]
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_same_seed_same_stream_and_seeds_differ(tiny_model_path):
+    args = ("--prompt", "hello", "--n_dec", "24", "--temp", "1.5", "--minp", "0", "--terminate_on_eos", "0")
+    a = run_json(tiny_model_path, *args, "--seed", "7")["generated_ids"]
+    b = run_json(tiny_model_path, *args, "--seed", "7")["generated_ids"]
+    c = run_json(tiny_model_path, *args, "--seed", "8")["generated_ids"]
+    assert a == b
+    assert a != c
+
+
+def test_prompt_ids_and_empty_prompt(tiny_model_path):
+    out = run_json(tiny_model_path, "--prompt_ids", "2,100,200", "--n_dec", "3", "--temp", "0",
+                   "--terminate_on_eos", "0")
+    assert out["prompt_ids"] == [2, 100, 200]
+    empty = run_json(tiny_model_path, "--prompt", "", "--n_dec", "3", "--temp", "0", "--terminate_on_eos", "0")
+    assert empty["prompt_ids"] == [2]  # BAD_INPUTS 16: an empty prompt is [BOS]
+
+
+def test_literal_control_text_is_plain_unless_parse_special(tiny_model_path):
+    plain = run_json(tiny_model_path, "--prompt", "<eos><start_of_turn>", "--n_dec", "0")
+    assert 1 not in plain["prompt_ids"][1:] and 4 not in plain["prompt_ids"][1:]
+    parsed = run_json(tiny_model_path, "--prompt", "<eos><start_of_turn>", "--n_dec", "0", "--parse_special", "1")
+    assert parsed["prompt_ids"] == [2, 1, 4]
+
+
+def test_chat_format_wraps_the_prompt(tiny_model_path):
+    out = run_json(tiny_model_path, "--prompt", "hi", "--chat_format", "1", "--n_dec", "0")
+    tok = GreedyTokenizer(read_gmt(str(tiny_model_path) + ".tok"))
+    expected = tok.encode("<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", parse_special=True)
+    assert out["prompt_ids"] == expected
+
+
+def test_context_clamp_reports_length(tiny_model_path):
+    result = cli("--weights", str(tiny_model_path), "--json", "--prompt_ids", "2,10,11,12,13",
+                 "--n_dec", "100", "--max_cache_len", "16", "--temp", "0", "--terminate_on_eos", "0")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert len(out["generated_ids"]) == 16 - 5
+    assert out["stop_reason"] == "length"
+    assert "clamped" in result.stderr
+
+
+def test_prompt_longer_than_context_is_an_error(tiny_model_path):
+    result = cli("--weights", str(tiny_model_path), "--prompt_ids", ",".join(["2"] * 20),
+                 "--max_cache_len", "16")
+    assert_one_line_error(result, "20", "16")
+
+
+def test_dump_and_model_size(tiny_model_path):
+    dump = cli("--weights", str(tiny_model_path), "--dump")
+    assert dump.returncode == 0
+    assert "layers.1.down_proj" in dump.stdout and "256x1024" in dump.stdout
+    assert cli("--weights", str(tiny_model_path), "--model_size", "tiny", "--dump").returncode == 0
+    assert_one_line_error(cli("--weights", str(tiny_model_path), "--model_size", "270m"), "--model_size")
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (("--temp", "nan"), "temperature"),
+    (("--temp", "inf"), "temperature"),
+    (("--temp", "-1"), "temperature"),
+    (("--temp", "1", "--minp", "1.5"), "min_p"),
+    (("--temp", "1", "--minp", "-0.1"), "min_p"),
+    (("--temp", "1", "--topp", "0"), "top_p"),
+    (("--temp", "1", "--topp", "1.2"), "top_p"),
+    (("--temp", "1", "--topk", "-1"), "top_k"),
+    (("--n_dec", "-1"), "n_dec"),
+    (("--n_dec", "ten"), "n_dec"),
+    (("--seed", "-3"), "seed"),
+    (("--prompt_ids", "1,x"), "prompt_ids"),
+    (("--prompt_ids", "5000"), "5000"),
+    (("--max_cache_len", "0"), "max_cache_len"),
+    (("--engine", "gpu"), "engine"),
+    (("--no_such_flag",), "no_such_flag"),
+])
+def test_bad_flags_are_one_line_errors(tiny_model_path, flags, needle):
+    assert_one_line_error(cli("--weights", str(tiny_model_path), "--prompt", "x", *flags), needle)
+
+
+def test_bad_paths_are_one_line_errors(tmp_path, tiny_model_path):
+    assert_one_line_error(cli("--weights", str(tmp_path / "missing.gmw")), "missing.gmw")
+    assert_one_line_error(cli("--weights", str(tmp_path)), "directory")
+    assert_one_line_error(cli("--weights", str(tiny_model_path), "--tok_path", str(tmp_path / "nope.tok")), "nope.tok")
+    assert_one_line_error(cli("--weights", str(tiny_model_path) + ".tok"), "format")
+    assert_one_line_error(cli("--prompt", "x"), "--weights")
+
+
+def test_invalid_utf8_and_nul_in_prompt_do_not_crash(tiny_model_path):
+    prompt = b"caf\xc3 \xff\x00 end"
+    result = subprocess.run([sys.executable, "-m", "gemma_cy.cli", "--weights", str(tiny_model_path), "--json",
+                             "--prompt", prompt, "--n_dec", "2", "--temp", "0"], cwd=REPO, capture_output=True)
+    assert result.returncode == 0, result.stderr
+    tok = GreedyTokenizer(read_gmt(str(tiny_model_path) + ".tok"))
+    assert json.loads(result.stdout)["prompt_ids"] == [tok.bos_id] + tok.encode(prompt)
+
+
+def test_stdout_closed_early_exits_quietly(tiny_model_path):
+    cmd = (f"{sys.executable} -m gemma_cy.cli --weights {tiny_model_path} --prompt hello --n_dec 200 "
+           "--temp 1 --minp 0 --terminate_on_eos 0 | head -c 10")
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=REPO, capture_output=True, timeout=120)
+    assert b"Traceback" not in result.stderr
+    assert result.returncode == 0, result.stderr
+
+
+def test_ctrl_c_flushes_partial_text_and_exits_130(tiny_model_path, monkeypatch, capsys):
+    """A KeyboardInterrupt in the middle of decoding (what Ctrl-C raises)."""
+    from gemma_cy import cli as cli_module
+    from gemma_cy_reference import model as ref_model
+
+    calls = {"n": 0}
+    real_decode = ref_model.ReferenceEngine.decode
+
+    def decode_then_interrupt(self, token, observer=None):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real_decode(self, token, observer)
+
+    monkeypatch.setattr(ref_model.ReferenceEngine, "decode", decode_then_interrupt)
+    code = cli_module.main(["--weights", str(tiny_model_path), "--prompt", "hi", "--n_dec", "50",
+                            "--temp", "0", "--terminate_on_eos", "0"])
+    captured = capsys.readouterr()
+    assert code == 130
+    assert captured.out  # the 5 tokens produced before the interrupt were printed
+    assert "stop: interrupted" in captured.err
