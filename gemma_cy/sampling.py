@@ -26,9 +26,13 @@ Sampling, step by step (V = vocabulary size):
    The most probable id (lowest id among equals) survives every filter, so the
    kept set is never empty.
 3. One uniform ``u`` in [0, 1); walk the kept ids in ascending id order,
-   accumulating their probabilities renormalized over the kept set (float64),
-   and return the first id where ``u < cumulative``; if rounding leaves ``u``
-   at or above the total, the last kept id.
+   accumulating their probabilities renormalized over the kept set, and
+   return the first id where ``u < cumulative``; if rounding leaves ``u`` at
+   or above the total, the last kept id. (Computed in float64 as
+   ``u * sum(w_kept) < cumsum(w_kept)``: the same test without dividing.)
+
+Logits holding NaN or +inf, or only -inf, raise ``NumericalError`` in every
+mode, greedy included: a broken forward pass never silently becomes token 0.
 """
 from __future__ import annotations
 
@@ -51,9 +55,18 @@ _T_MIN = float(np.finfo(np.float32).tiny)
 _T_MAX = float(np.finfo(np.float32).max)
 
 
-def _is_number(value) -> bool:
-    """A real number that is not a bool (True is an int, but not a parameter)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+def _as_float(value) -> float:
+    """``value`` as a float; NaN for anything that is not a real number.
+
+    Bools are refused (True is an int, but not a sampling parameter), and so
+    are ints too large for a float: NaN then fails every range check.
+    """
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        return float("nan")
+    try:
+        return float(value)
+    except OverflowError:
+        return float("nan")
 
 
 def _is_integer(value) -> bool:
@@ -86,61 +99,93 @@ class SplitMix64:
         return (self.next_u64() >> 11) * 2.0**-53
 
 
-def pick(ids: np.ndarray, probs: np.ndarray, u: float) -> int:
-    """The id the walk lands on: first kept id (ascending) with u < cumulative prob.
+def _walk(ids: np.ndarray | None, w: np.ndarray, u: float) -> int:
+    """The id the walk lands on (SPEC A6).
 
-    ``ids`` ascending, ``probs`` renormalized over them; if rounding leaves
-    ``u`` at or above the total, the last id.
+    Candidates ``ids`` ascending (None: ids 0..n-1) with weights ``w`` >= 0,
+    not necessarily normalized: the first id whose renormalized cumulative
+    probability exceeds ``u``, i.e. ``u * total < cumulative`` (no division
+    over the whole vector). If rounding leaves ``u`` at or above the total,
+    the last id of positive weight.
     """
-    cumulative = np.cumsum(probs)  # (n,) float64
-    i = int(np.searchsorted(cumulative, u, side="right"))  # first i with u < cumulative[i]
-    return int(ids[min(i, len(ids) - 1)])
+    cumulative = np.cumsum(w, dtype=np.float64)  # (n,)
+    i = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
+    if i == len(w):
+        i = int(np.flatnonzero(w)[-1])
+    return i if ids is None else int(ids[i])
 
 
-def _top_k(ids: np.ndarray, w: np.ndarray, k: int) -> np.ndarray:
-    """The k ids of largest weight; equal weights at the boundary: lower id first."""
-    n = len(ids)
+# The filters below take the f32 weights ``w`` (V,) of the whole vocabulary
+# and the current candidates ``ids`` (ascending), where None means every id:
+# the first filter then works on ``w`` itself and never builds a (V,) index
+# array (at V = 262144 each such array costs about a millisecond).
+
+
+def _subset(w: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+    """The candidates' weights: ``w`` itself when ``ids`` is None."""
+    return w if ids is None else w[ids]
+
+
+def _as_ids(positions: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+    """Map positions in ``_subset(w, ids)`` back to token ids."""
+    return positions if ids is None else ids[positions]
+
+
+def _top_k(w: np.ndarray, ids: np.ndarray | None, k: int) -> np.ndarray | None:
+    """The k candidates of largest weight; equal weights at the boundary: lower id first."""
+    sub = _subset(w, ids)
+    n = len(sub)
     if k >= n:
         return ids
-    kth = np.partition(w, n - k)[n - k]  # k-th largest weight
-    keep = w > kth
-    tied = np.flatnonzero(w == kth)  # ascending ids, since ids is ascending
-    keep[tied[: k - int(np.count_nonzero(keep))]] = True
-    return ids[keep]
+    kth = np.partition(sub, n - k)[n - k]  # the k-th largest weight
+    above = np.flatnonzero(sub > kth)
+    tied = np.flatnonzero(sub == kth)[: k - len(above)]  # ascending, so lowest ids
+    return _as_ids(np.sort(np.concatenate([above, tied])), ids)
 
 
-def _nucleus(ids: np.ndarray, w: np.ndarray, target: float) -> np.ndarray | None:
-    """Shortest prefix (by descending weight, then id) whose sum reaches target.
-
-    None when the running sum never reaches it.
-    """
-    order = np.argsort(-w, kind="stable")  # ids ascending, so ties keep lower id first
-    cumulative = np.cumsum(w[order].astype(np.float64))
+def _nucleus(w: np.ndarray, target: float) -> np.ndarray | None:
+    """Positions of the shortest prefix (by descending weight, then position)
+    whose running sum reaches ``target``, ascending; None if it never does."""
+    order = np.argsort(-w, kind="stable")  # stable: equal weights keep ascending order
+    cumulative = np.cumsum(w[order], dtype=np.float64)
     n_keep = int(np.searchsorted(cumulative, target, side="left")) + 1  # first cum >= target
-    if n_keep > len(ids):
+    if n_keep > len(w):
         return None
-    return np.sort(ids[order[:n_keep]])
+    return np.sort(order[:n_keep])
 
 
-def _top_p(ids: np.ndarray, w: np.ndarray, top_p: float) -> np.ndarray:
-    """The smallest set of most probable ids whose renormalized mass >= top_p."""
-    n = len(ids)
+def _top_p(w: np.ndarray, ids: np.ndarray | None, top_p: float) -> np.ndarray | None:
+    """The smallest set of most probable candidates whose renormalized mass >= top_p."""
+    sub = _subset(w, ids)
+    n = len(sub)
     if top_p >= 1.0 or n == 1:
         return ids
-    total = float(np.sum(w, dtype=np.float64))
+    total = float(np.sum(sub, dtype=np.float64))
     target = top_p * total
-    # Sorting all of a 262144-token vocabulary costs ~20 ms. Ids with
+    # Sorting a whole 262144-token vocabulary costs ~20 ms. Candidates with
     # p < (1 - top_p) / (n - 1) are rarely needed (together they weigh less
-    # than 1 - top_p), and the ids above any threshold are a prefix of the
-    # full sorted order, so trying that prefix first gives the same answer.
+    # than 1 - top_p), and the candidates above any threshold are a prefix of
+    # the full sorted order, so trying that prefix first gives the same answer.
     cutoff = (1.0 - top_p) * total / (n - 1)
-    likely = np.flatnonzero(w >= cutoff)
+    likely = np.flatnonzero(sub >= cutoff)
     if len(likely) < n:
-        kept = _nucleus(ids[likely], w[likely], target)
+        kept = _nucleus(sub[likely], target)
         if kept is not None:
-            return kept
-    kept = _nucleus(ids, w, target)
-    return ids if kept is None else kept
+            return _as_ids(likely[kept], ids)
+    kept = _nucleus(sub, target)
+    return ids if kept is None else _as_ids(kept, ids)
+
+
+def _min_p(w: np.ndarray, ids: np.ndarray | None, min_p: float) -> np.ndarray:
+    """Candidates with p_i >= min_p * max(p).
+
+    max(w) over the candidates is exactly 1 (the top id survives every filter
+    and exp(0) == 1), so the test is ``w_i >= min_p``, made exact in f32.
+    """
+    bound = np.float32(min_p)
+    if float(bound) < min_p:
+        bound = np.nextafter(bound, np.float32(np.inf))
+    return _as_ids(np.flatnonzero(_subset(w, ids) >= bound), ids)
 
 
 class Sampler:
@@ -169,20 +214,21 @@ class Sampler:
         top_p: float | None = None,
         seed: int = 0,
     ) -> None:
-        if not _is_number(temperature) or not 0.0 <= float(temperature) < float("inf"):
+        # `not lo <= v <= hi` is also true for NaN, so NaN fails every check.
+        if not 0.0 <= _as_float(temperature) < float("inf"):
             raise ParameterError(
                 f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
             )
-        if min_p is not None and (not _is_number(min_p) or not 0.0 <= float(min_p) <= 1.0):
+        if min_p is not None and not 0.0 <= _as_float(min_p) <= 1.0:
             raise ParameterError(f"min_p must be a number in [0, 1], got {min_p!r}")
-        if top_p is not None and (not _is_number(top_p) or not 0.0 < float(top_p) <= 1.0):
+        if top_p is not None and not 0.0 < _as_float(top_p) <= 1.0:
             raise ParameterError(f"top_p must be a number in (0, 1], got {top_p!r}")
         if top_k is not None and (not _is_integer(top_k) or int(top_k) < 0):
             raise ParameterError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
-        self.temperature = float(temperature)
-        self.min_p = None if min_p is None else float(min_p)
+        self.temperature = _as_float(temperature)
+        self.min_p = None if min_p is None else _as_float(min_p)
         self.top_k = None if top_k is None else int(top_k)
-        self.top_p = None if top_p is None else float(top_p)
+        self.top_p = None if top_p is None else _as_float(top_p)
         self.rng = SplitMix64(seed)
         self.seed = self.rng.state
 
@@ -216,8 +262,8 @@ class Sampler:
         x = _check_logits(logits)
         if self.is_greedy:
             return int(np.argmax(x))  # first maximum: lowest id wins ties
-        ids, probs = self._kept(x)
-        return pick(ids, probs, self.rng.uniform())
+        ids, w = self._filter(x)
+        return _walk(ids, w, self.rng.uniform())
 
     def candidates(self, logits) -> tuple[np.ndarray, np.ndarray]:
         """(ids, probs): the kept ids, ascending, and their renormalized probabilities.
@@ -228,22 +274,26 @@ class Sampler:
         x = _check_logits(logits)
         if self.is_greedy:
             return np.array([np.argmax(x)], dtype=np.int64), np.ones(1)
-        return self._kept(x)
-
-    def _kept(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Kept ids and probabilities for sampling; ``x`` already checked."""
-        w = _weights(x, self.temperature)  # (V,) f32, max exactly 1
-        ids = np.flatnonzero(w > 0)
-        if self.top_k:
-            ids = _top_k(ids, w[ids], self.top_k)
-        if self.top_p is not None:
-            ids = _top_p(ids, w[ids], self.top_p)
-        if self.min_p:
-            kept_w = w[ids]
-            ids = ids[kept_w >= _f32_at_least(self.min_p * float(kept_w.max()))]
-        probs = w[ids].astype(np.float64)
+        ids, w = self._filter(x)
+        positive = np.flatnonzero(w > 0)  # a weight of 0 can never be drawn
+        probs = w[positive].astype(np.float64)
         probs /= probs.sum()
-        return ids.astype(np.int64, copy=False), probs
+        return _as_ids(positive, ids).astype(np.int64, copy=False), probs
+
+    def _filter(self, x: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """Candidates after top-k, top-p, min-p (None: every id) and their f32 weights.
+
+        ``x`` already checked. Weights may include zeros (underflow, -inf).
+        """
+        w = _weights(x, self.temperature)  # (V,) f32, max exactly 1
+        ids = None
+        if self.top_k:
+            ids = _top_k(w, ids, self.top_k)
+        if self.top_p is not None:
+            ids = _top_p(w, ids, self.top_p)
+        if self.min_p:
+            ids = _min_p(w, ids, self.min_p)
+        return ids, _subset(w, ids)
 
 
 def _check_logits(logits) -> np.ndarray:
@@ -268,12 +318,6 @@ def _check_logits(logits) -> np.ndarray:
     return x
 
 
-def _f32_at_least(bound: float) -> np.float32:
-    """The smallest f32 >= bound, so ``w >= it`` on f32 ``w`` means ``w >= bound`` exactly."""
-    b = np.float32(bound)
-    return b if float(b) >= bound else np.nextafter(b, np.float32(np.inf))
-
-
 def _weights(x: np.ndarray, temperature: float) -> np.ndarray:
     """exp((x - max(x)) / T) in f32: softmax numerators, max exactly 1.
 
@@ -284,5 +328,6 @@ def _weights(x: np.ndarray, temperature: float) -> np.ndarray:
         x = x.astype(np.float32)
     t = np.float32(min(max(temperature, _T_MIN), _T_MAX))
     with np.errstate(over="ignore", under="ignore"):
-        shifted = (x - x.max()).astype(np.float32, copy=False)  # (V,) <= 0
-        return np.exp(shifted / t)
+        w = (x - x.max()).astype(np.float32, copy=False)  # (V,) <= 0; the one (V,) buffer
+        np.divide(w, t, out=w)
+        return np.exp(w, out=w)

@@ -4,7 +4,8 @@
 cache, ``generate`` the plain greedy/sampled loop. The Cython fast path
 mirrors these names and signatures one to one.
 """
-from .generate import generate
 from .model import OBSERVED_OPS, ReferenceEngine, observed_calls
 
-__all__ = ["ReferenceEngine", "OBSERVED_OPS", "observed_calls", "generate"]
+# generate() stays in its module: re-exported here, the function would hide
+# the submodule gemma_cy_reference.generate.
+__all__ = ["ReferenceEngine", "OBSERVED_OPS", "observed_calls"]

@@ -65,6 +65,10 @@ class ReferenceEngine:
     Computes in f32 from weights dequantized once here (SPEC Part C).
     ``pos`` counts the positions filled so far; prefill and decode continue
     from it, ``reset()`` starts over.
+
+    Attributes: ``config`` (ModelConfig), ``cache_len`` (positions the cache
+    holds), ``pos``, ``weights`` (F32Weights, the dequantized tensors),
+    ``cache`` (KVCache).
     """
 
     def __init__(self, weights: Weights, max_cache_len: int) -> None:

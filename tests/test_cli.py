@@ -141,7 +141,8 @@ def test_dump_and_model_size(tiny_model_path):
     (("--no_such_flag",), "no_such_flag"),
 ])
 def test_bad_flags_are_one_line_errors(tiny_model_path, flags, needle):
-    assert_one_line_error(cli("--weights", str(tiny_model_path), "--prompt", "x", *flags), needle)
+    prompt = () if "--prompt_ids" in flags else ("--prompt", "x")
+    assert_one_line_error(cli("--weights", str(tiny_model_path), *prompt, *flags), needle)
 
 
 def test_bad_paths_are_one_line_errors(tmp_path, tiny_model_path):
@@ -152,8 +153,9 @@ def test_bad_paths_are_one_line_errors(tmp_path, tiny_model_path):
     assert_one_line_error(cli("--prompt", "x"), "--weights")
 
 
-def test_invalid_utf8_and_nul_in_prompt_do_not_crash(tiny_model_path):
-    prompt = b"caf\xc3 \xff\x00 end"
+def test_invalid_utf8_in_prompt_does_not_crash(tiny_model_path):
+    """argv cannot carry NUL; the API test covers it."""
+    prompt = b"caf\xc3 \xff end"
     result = subprocess.run([sys.executable, "-m", "gemma_cy.cli", "--weights", str(tiny_model_path), "--json",
                              "--prompt", prompt, "--n_dec", "2", "--temp", "0"], cwd=REPO, capture_output=True)
     assert result.returncode == 0, result.stderr

@@ -128,6 +128,13 @@ def test_api_generate_and_logits(tiny_model_path):
         model.generate([2, VOCAB])
 
 
+def test_api_prompt_with_nul_lone_surrogate_and_1mb(tiny_model_path):
+    model = gemma_cy.load(tiny_model_path)
+    for prompt in ("a\x00b", "x\ud800y", b"\xff\xfe", "word " * 200_000):
+        ids = model.prompt_ids(prompt)
+        assert ids[0] == model.tokenizer.bos_id and all(0 <= i < VOCAB for i in ids)
+
+
 def test_api_rejects_mismatched_tokenizer(tiny_model_path, tmp_path):
     from gemma_cy.formats.gmt import write_gmt
     other = tmp_path / "other.tok"

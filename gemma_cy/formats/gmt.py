@@ -33,7 +33,7 @@ PIECE_TYPES = (PIECE_NORMAL, PIECE_BYTE, PIECE_CONTROL)
 F32_MAX = 3.4028234663852886e38  # largest finite binary32: a score must fit
 
 
-@dataclass
+@dataclass(frozen=True)
 class Vocab:
     """A tokenizer's pieces and special ids, as every tokenizer format gives.
 
@@ -70,7 +70,7 @@ class Vocab:
         for i, (piece, ptype, score) in enumerate(zip(self.pieces, self.types, self.scores)):
             if not isinstance(piece, bytes):
                 raise ModelFormatError(f"{where}: entry {i}: piece is {type(piece).__name__}, must be bytes")
-            if ptype not in PIECE_TYPES:
+            if not _is_int(ptype) or ptype not in PIECE_TYPES:
                 raise ModelFormatError(f"{where}: entry {i}: type {ptype!r} unknown, must be one of {PIECE_TYPES}")
             if ptype == PIECE_BYTE and len(piece) != 1:
                 raise ModelFormatError(
@@ -141,7 +141,8 @@ def read_gmt(path: str | os.PathLike) -> Vocab:
     for i in range(vocab_size):
         if end - offset < ENTRY.size:
             raise ModelFormatError(
-                f"{name}: entry {i} at offset {offset}: truncated, needs {ENTRY.size} bytes, {end - offset} left"
+                f"{name}: entry {i} of vocab_size {vocab_size} at offset {offset}: truncated, "
+                f"needs {ENTRY.size} bytes, {end - offset} left"
             )
         length, ptype, score = unpack_entry(data, offset)
         offset += ENTRY.size

@@ -124,6 +124,8 @@ def _map_file(name: str) -> mmap.mmap:
         raise ModelFormatError(f"{name}: no such file") from None
     except OSError as e:
         raise ModelFormatError(f"{name}: cannot open: {e.strerror}") from None
+    except ValueError as e:  # e.g. a NUL byte in the path
+        raise ModelFormatError(f"{name!r}: cannot open: {e}") from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
