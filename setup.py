@@ -5,6 +5,7 @@ Compiler directives are set once here. Environment switches:
   GEMMA_CY_DEBUG=1       bounds/wraparound/initialized checks back on, -O0 -g
 """
 import os
+import platform
 
 import numpy
 from Cython.Build import cythonize
@@ -26,19 +27,39 @@ if NATIVE:
     COMPILE_ARGS.append("-march=native")
 
 
-def extension(name: str, sources: list[str], extra_args: tuple[str, ...] = ()) -> Extension:
-    """One Cython extension module with the shared flags."""
+def extension(name: str, sources: list[str], extra_args: tuple[str, ...] = (),
+              isa_args: tuple[str, ...] | None = None) -> Extension:
+    """One Cython extension module with the shared flags.
+
+    isa_args: the module's own instruction-set flags, used instead of
+    -march=native, so that it runs on every CPU with that ISA whatever the
+    build machine had (one build, dispatch at run time: gemma_cy.ops).
+    """
+    args = COMPILE_ARGS if isa_args is None else [a for a in COMPILE_ARGS if a != "-march=native"]
     return Extension(
         name,
         sources,
         include_dirs=[numpy.get_include()],
-        extra_compile_args=COMPILE_ARGS + list(extra_args),
+        extra_compile_args=args + list(isa_args or ()) + list(extra_args),
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
 
 
+# The kernels are built once per instruction set (gemma_cy/simd_<isa>.pyx, sources
+# in gemma_cy/kernels/), each with its own -m flags and never -march=native;
+# gemma_cy.ops picks one at import. "generic" has no -m flags, so it runs anywhere.
+MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+SIMD_FLAGS: dict[str, tuple[str, ...]] = {"generic": ()}
+if MACHINE == "x86_64":
+    SIMD_FLAGS["avx2"] = ("-mavx2", "-mfma")
+    SIMD_FLAGS["avx512"] = ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl")
+elif MACHINE == "aarch64":
+    SIMD_FLAGS["neon"] = ()
+
 EXTENSIONS = [
     extension("gemma_cy.cpu_features", ["gemma_cy/cpu_features.pyx"]),
+    *(extension(f"gemma_cy.simd_{isa}", [f"gemma_cy/simd_{isa}.pyx"], isa_args=flags)
+      for isa, flags in SIMD_FLAGS.items()),
 ]
 
 setup(

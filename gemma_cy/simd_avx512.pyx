@@ -1,0 +1,10 @@
+"""gemma-cy kernels for AVX-512 F/BW/VL (-mavx512f -mavx512bw -mavx512vl):
+Skylake-SP and later Intel, Zen 4 and later.
+
+One of the simd_<isa> modules built from the same sources (setup.py): the
+int8 dot product in kernels/dot_avx512.pxi, everything else in
+kernels/common.pxi. gemma_cy.ops picks the module this CPU runs best; the
+C interface is kernels/api.pxi.
+"""
+include "kernels/common.pxi"
+include "kernels/dot_avx512.pxi"

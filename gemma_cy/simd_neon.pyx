@@ -1,0 +1,9 @@
+"""gemma-cy kernels for NEON (Advanced SIMD) intrinsics, aarch64 only.
+
+One of the simd_<isa> modules built from the same sources (setup.py): the
+int8 dot product in kernels/dot_neon.pxi, everything else in
+kernels/common.pxi. gemma_cy.ops picks the module this CPU runs best; the
+C interface is kernels/api.pxi.
+"""
+include "kernels/common.pxi"
+include "kernels/dot_neon.pxi"

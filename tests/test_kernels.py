@@ -1,0 +1,420 @@
+"""The kernels of every SIMD module this CPU runs (gemma_cy.simd_<isa>, picked
+by gemma_cy.ops), each against a NumPy computation written here in float64.
+
+Tolerances are SPEC Part C's, |actual - expected| <= atol + rtol*|expected|:
+default 2e-3 / 1e-3; softmax and the SiLU/GELU gating 1e-4 / 1e-5;
+dequantized rows and residual adds exact.
+
+The int8 dot product and GEMV sum n f32 products in an order that differs
+from float64's, so their error grows with n and with the size of the terms.
+Rather than scale the tolerance, the tests draw values where the default
+atol holds for *any* summation order a module uses (``dot_error_bound``);
+larger widths use smaller weights, as real models do.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from gemma_cy import ops
+from gemma_cy.cpu_features import supported
+
+ATOL, RTOL = 2e-3, 1e-3  # SPEC Part C, default
+ATOL_ACT, RTOL_ACT = 1e-4, 1e-5  # SPEC Part C, softmax and SiLU/GELU
+U = 2.0 ** -24  # unit roundoff of f32
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+AVAILABLE = ops.available()
+
+
+def _skip_reason(name: str) -> str:
+    need = ops.REQUIRES[name]
+    if need is not None and not supported()[need]:
+        return f"this CPU cannot run {name} (it runs: {', '.join(AVAILABLE)})"
+    return f"{name} is not built on this architecture"
+
+
+ISA = pytest.mark.parametrize("isa", [
+    pytest.param(name, marks=pytest.mark.skipif(name not in AVAILABLE, reason=_skip_reason(name)))
+    for name in ops.ISAS])
+
+
+def kernels(isa: str):
+    return ops.module_for(isa)
+
+
+def assert_close(actual, expected, atol=ATOL, rtol=RTOL):
+    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=atol)
+
+
+def dot_error_bound(n: int, x_max: float, w_max: float) -> float:
+    """Worst-case |f32 result - exact| of any module's int8 dot over n terms
+    with |x| <= x_max and |q * scale| <= w_max.
+
+    Each term's rounding error is at most (additions on its path + 2) * u *
+    |term| (one product, one final scaling). The longest path is the generic
+    module's: n/8 per lane, 3 to add the 8 lanes, up to 7 tail terms; the
+    SIMD modules' paths are shorter (n/32 or n/64 per lane).
+    """
+    path = n / 8 + 3 + 7 + 2
+    return path * U * n * x_max * w_max
+
+
+def int8_at(values: np.ndarray, offset: int) -> np.ndarray:
+    """``values`` copied into a larger int8 buffer starting ``offset`` bytes
+    past a 64-byte boundary: rows in GMW1 files start at any address."""
+    buf = np.zeros(values.size + 128, np.int8)
+    start = (-buf.ctypes.data) % 64 + offset
+    view = buf[start:start + values.size].reshape(values.shape)
+    view[...] = values
+    return view
+
+
+def f32_at(values: np.ndarray, offset: int) -> np.ndarray:
+    """``values`` copied into a larger f32 buffer ``offset`` items past a
+    64-byte boundary (so loads start at every position within a vector)."""
+    buf = np.zeros(values.size + 32, np.float32)
+    start = (-buf.ctypes.data) % 64 // 4 + offset
+    view = buf[start:start + values.size].reshape(values.shape)
+    view[...] = values
+    return view
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+# ---------------------------------------------------------------------------
+# int8 dot product and GEMV
+
+X_MAX, W_MAX, N_MAX = 2.0, 1.0, 300  # dot_error_bound(300, 2, 1) ~ 1.8e-3 <= ATOL
+
+
+def test_dot_value_ranges_keep_the_default_tolerance():
+    assert dot_error_bound(N_MAX, X_MAX, W_MAX) <= ATOL
+    assert all(dot_error_bound(n, 1.0, 2 / np.sqrt(n)) <= ATOL for n in (640, 1152, 2048))
+
+
+@ISA
+def test_dot_i8_every_length(isa):
+    """Lengths 0..200 cover 2N around every vector width and step (8, 16, 32,
+    64) and every tail; starts cycle through the 64 byte offsets."""
+    m = kernels(isa)
+    rng = np.random.default_rng(1)
+    for n in range(201):
+        q = int8_at(rng.integers(-128, 128, n).astype(np.int8), (7 * n) % 64)
+        x = f32_at(rng.uniform(-X_MAX, X_MAX, n).astype(np.float32), n % 16)
+        scale = np.float32(W_MAX / 128)
+        expected = (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale)
+        assert_close(m.dot_i8(q, x, scale), expected)
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), n=st.integers(1, N_MAX), q_offset=st.integers(0, 63), x_offset=st.integers(0, 15),
+       scale=st.floats(1e-4, W_MAX / 128).map(np.float32))
+def test_dot_i8_matches_numpy(isa, data, n, q_offset, x_offset, scale):
+    q = data.draw(hnp.arrays(np.int8, n))
+    x = data.draw(hnp.arrays(np.float32, n, elements=st.floats(-X_MAX, X_MAX, width=32)))
+    q, x = read_only(int8_at(q, q_offset)), read_only(f32_at(x, x_offset))
+    expected = (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale)
+    assert_close(kernels(isa).dot_i8(q, x, scale), expected)
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), rows=st.integers(1, 24), cols=st.integers(1, N_MAX), offset=st.integers(0, 63),
+       scale=st.floats(1e-4, W_MAX / 128).map(np.float32))
+def test_gemv_i8_matches_numpy(isa, data, rows, cols, offset, scale):
+    """Read-only matrix at any byte offset; out written in its slot only."""
+    q = read_only(int8_at(data.draw(hnp.arrays(np.int8, (rows, cols))), offset))
+    x = read_only(data.draw(hnp.arrays(np.float32, cols, elements=st.floats(-X_MAX, X_MAX, width=32))))
+    slots = np.full(rows + 2, 7.0, np.float32)
+    out = kernels(isa).gemv_i8(q, scale, x, slots[1:-1])
+    expected = (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale)
+    assert out.base is slots
+    assert_close(out, expected)
+    assert slots[0] == 7.0 and slots[-1] == 7.0
+
+
+@ISA
+@pytest.mark.parametrize("rows, cols", [(64, 640), (40, 1152), (32, 2048)])
+def test_gemv_i8_model_widths(isa, rows, cols):
+    """Model-sized rows (Gemma 3 270M / 1B widths up to 2048), |x| <= 1, weights up to
+    2/sqrt(cols): the default atol holds for these (see dot_error_bound)."""
+    rng = np.random.default_rng(cols)
+    q = read_only(int8_at(rng.integers(-128, 128, (rows, cols)).astype(np.int8), 3))
+    x = rng.uniform(-1, 1, cols).astype(np.float32)
+    scale = np.float32(2 / np.sqrt(cols) / 128)
+    expected = (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale)
+    assert_close(kernels(isa).gemv_i8(q, scale, x), expected)
+
+
+@ISA
+def test_gemv_i8_rows_are_dot_products(isa):
+    """One kernel, one order: each row of the GEMV equals dot_i8 bit for bit."""
+    m = kernels(isa)
+    rng = np.random.default_rng(5)
+    q = int8_at(rng.integers(-128, 128, (13, 77)).astype(np.int8), 1)
+    x = rng.uniform(-1, 1, 77).astype(np.float32)
+    out = m.gemv_i8(q, 0.003, x)
+    assert [float(v) for v in out] == [m.dot_i8(q[r], x, 0.003) for r in range(13)]
+
+
+@ISA
+def test_gemv_i8_empty(isa):
+    m = kernels(isa)
+    assert m.gemv_i8(np.zeros((0, 5), np.int8), 1.0, np.ones(5, np.float32)).shape == (0,)
+    np.testing.assert_array_equal(m.gemv_i8(np.zeros((3, 0), np.int8), 1.0, np.ones(0, np.float32)), 0)
+    assert m.dot_i8(np.zeros(0, np.int8), np.zeros(0, np.float32), 1.0) == 0.0
+
+
+# ---------------------------------------------------------------------------
+# Norm, RoPE, softmax, gating, add, dequantize
+
+finite = st.floats(-100, 100, width=32)
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), rows=st.integers(1, 4), n=st.integers(1, N_MAX), one_plus=st.booleans(),
+       eps=st.sampled_from([1e-6, 1e-5]))
+def test_rmsnorm_matches_numpy(isa, data, rows, n, one_plus, eps):
+    x = read_only(data.draw(hnp.arrays(np.float32, (rows, n), elements=finite)))
+    gain = read_only(data.draw(hnp.arrays(np.float32, n, elements=st.floats(-2, 2, width=32))))
+    x64 = x.astype(np.float64)
+    g64 = 1 + gain.astype(np.float64) if one_plus else gain.astype(np.float64)
+    expected = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps) * g64
+    m = kernels(isa)
+    assert_close(m.rmsnorm(x, gain, eps, one_plus), expected)
+    assert_close(m.rmsnorm(x[0], gain, eps, one_plus), expected[0])
+
+
+def rope_f64(x: np.ndarray, pos: int, base: float, pairing: str) -> np.ndarray:
+    """The rotation in float64, angles pos * base^(-2j/hd) in float64."""
+    hd = x.shape[1]
+    angle = pos * float(base) ** (-2.0 * np.arange(hd // 2) / hd)
+    c, s = np.cos(angle), np.sin(angle)
+    x = x.astype(np.float64)
+    ia = np.arange(0, hd, 2) if pairing == "interleaved" else np.arange(hd // 2)
+    ib = ia + 1 if pairing == "interleaved" else ia + hd // 2
+    out = np.empty_like(x)
+    out[:, ia] = x[:, ia] * c - x[:, ib] * s
+    out[:, ib] = x[:, ia] * s + x[:, ib] * c
+    return out
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), n_heads=st.integers(1, 5), half=st.integers(1, 130),
+       pos=st.integers(0, 40000), base=st.sampled_from([10000.0, 1e6, 500.0]),
+       pairing=st.sampled_from(["interleaved", "half_split"]))
+def test_rope_matches_numpy(isa, data, n_heads, half, pos, base, pairing):
+    x = read_only(data.draw(hnp.arrays(np.float32, (n_heads, 2 * half), elements=st.floats(-10, 10, width=32))))
+    assert_close(kernels(isa).rope(x, pos, base, pairing), rope_f64(x, pos, base, pairing))
+
+
+@ISA
+@pytest.mark.parametrize("pos, head_dim, base", [(0, 2, 10000.0), (7, 64, 10000.0), (32767, 256, 1e6),
+                                                 (511, 256, 10000.0)])
+def test_rope_cos_sin_is_f64_rounded_once(isa, pos, head_dim, base):
+    """cos/sin of the f64 angles, rounded once to f32 (as the reference):
+    equal up to the last bit (libm and NumPy may differ by one f64 ulp)."""
+    angle = pos * float(base) ** (-2.0 * np.arange(head_dim // 2) / head_dim)
+    cos_t, sin_t = kernels(isa).rope_cos_sin(pos, head_dim, base)
+    np.testing.assert_array_max_ulp(cos_t, np.cos(angle).astype(np.float32), maxulp=1)
+    np.testing.assert_array_max_ulp(sin_t, np.sin(angle).astype(np.float32), maxulp=1)
+
+
+def softmax_f64(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), rows=st.integers(1, 3), n=st.integers(1, N_MAX))
+def test_softmax_matches_numpy(isa, data, rows, n):
+    x = read_only(data.draw(hnp.arrays(np.float32, (rows, n), elements=st.floats(-50, 50, width=32))))
+    assert_close(kernels(isa).softmax(x), softmax_f64(x), ATOL_ACT, RTOL_ACT)
+
+
+@ISA
+def test_softmax_masked_scores(isa):
+    """-inf scores (masked positions) get probability 0."""
+    x = np.array([[1.0, -np.inf, 3.0, -np.inf], [-np.inf, -np.inf, 0.5, -np.inf]], np.float32)
+    out = kernels(isa).softmax(x)
+    assert_close(out, softmax_f64(x), ATOL_ACT, RTOL_ACT)
+    assert out[0, 1] == 0 and out[1, 2] == 1
+
+
+def silu_f64(g):
+    return g / (1 + np.exp(-g))
+
+
+def gelu_tanh_f64(g):
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), n=st.integers(1, N_MAX), act=st.sampled_from(["silu", "gelu_tanh"]))
+def test_gating_matches_numpy(isa, data, n, act):
+    """act(gate) * up, gates past exp's f32/f64 overflow included."""
+    gate = read_only(data.draw(hnp.arrays(np.float32, n, elements=st.one_of(
+        st.floats(-20, 20, width=32), st.sampled_from([-1e4, -800.0, -90.0, 90.0, 800.0, 1e4])))))
+    up = read_only(data.draw(hnp.arrays(np.float32, n, elements=st.floats(-10, 10, width=32))))
+    m = kernels(isa)
+    fn, ref = (m.silu_mul, silu_f64) if act == "silu" else (m.gelu_tanh_mul, gelu_tanh_f64)
+    with np.errstate(over="ignore"):
+        expected = ref(gate.astype(np.float64)) * up
+    assert_close(fn(gate, up), expected, ATOL_ACT, RTOL_ACT)
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), n=st.integers(1, N_MAX), offset=st.integers(0, 15))
+def test_add_is_exact(isa, data, n, offset):
+    x = read_only(f32_at(data.draw(hnp.arrays(np.float32, n, elements=finite)), offset))
+    y = read_only(data.draw(hnp.arrays(np.float32, n, elements=finite)))
+    np.testing.assert_array_equal(kernels(isa).add(x, y), x + y)
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), n=st.integers(1, N_MAX), offset=st.integers(0, 63),
+       scale=st.floats(1e-9, 10).map(np.float32))
+def test_dequantize_i8_is_exact(isa, data, n, offset, scale):
+    """Bit for bit the reference's q.astype(f32) * f32(scale) (SPEC Part C)."""
+    q = read_only(int8_at(data.draw(hnp.arrays(np.int8, n)), offset))
+    out = kernels(isa).dequantize_i8(q, scale)
+    np.testing.assert_array_equal(out.view(np.uint32), (q.astype(np.float32) * scale).view(np.uint32))
+
+
+@ISA
+def test_out_in_place_equals_new_array(isa):
+    """out=<an input> (in place) gives what a fresh out gives."""
+    m = kernels(isa)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    y = rng.standard_normal(64).astype(np.float32)
+    g = rng.standard_normal(64).astype(np.float32)
+    cases = [
+        (lambda a, out=None: m.rmsnorm(a, g, 1e-6, True, out), x),
+        (lambda a, out=None: m.rope(a, 17, 10000.0, "half_split", out), x),
+        (lambda a, out=None: m.softmax(a, out), x),
+        (lambda a, out=None: m.silu_mul(a, y, out), x[0]),
+        (lambda a, out=None: m.gelu_tanh_mul(y, a, out), x[1]),
+        (lambda a, out=None: m.add(a, y, out), x[2]),
+        (lambda a, out=None: m.add(y, a, out), x[3]),
+    ]
+    for fn, a in cases:
+        fresh = fn(a.copy())
+        inplace = a.copy()
+        assert fn(inplace, out=inplace) is inplace
+        np.testing.assert_array_equal(inplace, fresh)
+
+
+# ---------------------------------------------------------------------------
+# Argument validation (shared by every module; run on each anyway)
+
+
+def _bad_calls(m):
+    f = np.ones(8, np.float32)
+    q = np.ones(8, np.int8)
+    q2 = np.ones((4, 8), np.int8)
+    h = np.ones((2, 8), np.float32)
+    strided = np.ones(16, np.float32)[::2]
+    unaligned = np.frombuffer(np.zeros(40, np.uint8).tobytes(), np.float32, count=8, offset=1)
+    read_only_out = read_only(np.ones(4, np.float32))
+    return [
+        (TypeError, lambda: m.dot_i8(f, f, 1.0)),  # q not int8
+        (TypeError, lambda: m.dot_i8(q, q, 1.0)),  # x not f32
+        (TypeError, lambda: m.dot_i8(list(q), f, 1.0)),  # not an ndarray
+        (ValueError, lambda: m.dot_i8(q, f[:7], 1.0)),  # lengths differ
+        (ValueError, lambda: m.dot_i8(q, strided, 1.0)),  # not contiguous
+        (ValueError, lambda: m.dot_i8(q, unaligned, 1.0)),  # f32 at an odd byte address
+        (TypeError, lambda: m.gemv_i8(q2.astype(np.int16), 1.0, f)),
+        (TypeError, lambda: m.gemv_i8(q2, 1.0, f.astype(np.float64))),
+        (ValueError, lambda: m.gemv_i8(q, 1.0, f)),  # q not 2-D
+        (ValueError, lambda: m.gemv_i8(q2, 1.0, f[:5])),  # cols != len(x)
+        (ValueError, lambda: m.gemv_i8(q2.T, 1.0, f[:4])),  # Fortran order
+        (ValueError, lambda: m.gemv_i8(q2, 1.0, f, np.ones(3, np.float32))),  # out shape
+        (ValueError, lambda: m.gemv_i8(q2, 1.0, f, read_only_out)),
+        (TypeError, lambda: m.gemv_i8(q2, 1.0, f, np.ones(4, np.float64))),
+        (ValueError, lambda: m.gemv_i8(np.ones((8, 8), np.int8), 1.0, f, f)),  # out is x
+        (ValueError, lambda: m.rmsnorm(h, f[:5], 1e-6, False)),
+        (ValueError, lambda: m.rmsnorm(np.ones((2, 2, 8), np.float32), f, 1e-6, False)),
+        (TypeError, lambda: m.rmsnorm(h.astype(np.float16), f, 1e-6, False)),
+        (ValueError, lambda: m.rope(f, 1, 10000.0, "interleaved")),  # not (heads, hd)
+        (ValueError, lambda: m.rope(np.ones((2, 7), np.float32), 1, 10000.0, "interleaved")),  # odd hd
+        (ValueError, lambda: m.rope(h, 1, 10000.0, "rotate_half")),
+        (ValueError, lambda: m.softmax(h[:, ::2])),
+        (ValueError, lambda: m.softmax(h, h[:, :4].copy())),
+        (ValueError, lambda: m.silu_mul(f, f[:4])),
+        (TypeError, lambda: m.gelu_tanh_mul(f, f.astype(np.float64))),
+        (ValueError, lambda: m.add(h, h)),  # 1-D only
+        (TypeError, lambda: m.dequantize_i8(np.ones(4, np.uint8), 1.0)),
+    ]
+
+
+@ISA
+def test_bad_arguments_raise(isa):
+    m = kernels(isa)
+    for error, call in _bad_calls(m):
+        with pytest.raises(error):
+            call()
+
+
+@ISA
+def test_out_sharing_memory_with_an_input_is_refused(isa):
+    m = kernels(isa)
+    buf = np.arange(12, dtype=np.float32)
+    with pytest.raises(ValueError, match="shares memory"):
+        m.add(buf[0:8], buf[4:12].copy(), buf[2:10])  # overlaps x, is not x
+    with pytest.raises(ValueError, match="shares memory"):
+        m.gemv_i8(np.ones((6, 6), np.int8), 1.0, buf[0:6], buf[3:9])
+
+
+# ---------------------------------------------------------------------------
+# The facade
+
+
+def test_ops_picks_the_best_available_module():
+    forced = os.environ.get(ops.ENV_VAR, "").strip().lower()
+    assert ops.ISA == (forced or AVAILABLE[0])
+    assert "generic" in AVAILABLE
+    assert ops.gemv_i8 is ops.module_for(ops.ISA).gemv_i8
+
+
+def _import_ops_with(value: str) -> subprocess.CompletedProcess:
+    code = ("import sys\n"
+            "try:\n    from gemma_cy import ops\n"
+            "except ValueError as error:\n    print(error)\n    sys.exit(3)\n"
+            "print(ops.ISA)\n")
+    env = dict(os.environ, **{ops.ENV_VAR: value})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_env_var_forces_each_available_module():
+    for name in AVAILABLE:
+        done = _import_ops_with(name.upper())
+        assert (done.returncode, done.stdout.strip()) == (0, name), done.stderr
+
+
+@pytest.mark.parametrize("name", [n for n in ops.ISAS if n not in AVAILABLE] + ["sse9"])
+def test_env_var_naming_an_unusable_module_is_a_one_line_error(name):
+    done = _import_ops_with(name)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.count("\n") == 1 and f"GEMMA_CY_SIMD={name}" in done.stdout
+    with pytest.raises(ValueError):
+        ops.module_for(name)
