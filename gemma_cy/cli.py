@@ -109,7 +109,7 @@ def prompt_source(args) -> bytes | list[int]:
 
 def run(args) -> int:
     from . import api
-    from .presets import match_preset
+    from .presets import check_preset
     from .sampling import Sampler
 
     if args.n_dec < 0:
@@ -118,9 +118,8 @@ def run(args) -> int:
     if not args.weights:
         raise ParameterError("--weights: no weights file given (try: make run, which builds models/tiny.gmw)")
     model = api.load(args.weights, args.tok_path, engine=args.engine, max_cache_len=args.max_cache_len)
-    if args.model_size is not None and match_preset(model.config) != args.model_size:
-        raise ParameterError(f"--model_size {args.model_size}: {args.weights} is "
-                             f"{match_preset(model.config) or 'not a known preset'}")
+    if args.model_size is not None:
+        check_preset(model.config, args.model_size, source=args.weights)
     if args.dump:
         dump_model(model, sys.stdout)
         return 0

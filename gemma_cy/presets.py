@@ -15,7 +15,7 @@ import numpy as np
 from .config import ModelConfig
 from .errors import ModelFormatError, ParameterError
 from .formats.gmw import gmw_config, gmw_layout
-from .quant import SCALE_FLOOR, Int8Tensor
+from .quant import Int8Tensor, quantize_per_tensor
 
 SEED = 20260818  # SPEC A3: one generator for the whole file, in file order
 
@@ -92,7 +92,7 @@ def random_weights(name: str) -> tuple[ModelConfig, dict[str, Int8Tensor]]:
     for tname, shape in gmw_layout(config):
         mean, std = _init(name, tname, shape)
         w = _draw(rng, shape, mean, std)
-        tensors[tname] = _quantize_rows(w.reshape(-1) if shape[1] == 1 else w)
+        tensors[tname] = quantize_per_tensor(w.reshape(-1) if shape[1] == 1 else w)
     return config, tensors
 
 
@@ -117,20 +117,3 @@ def _draw(rng: np.random.Generator, shape: tuple[int, int], mean: float, std: fl
         z = rng.standard_normal((min(step, rows - r), cols))  # f64
         w[r:r + step] = z * std + mean  # exact for mean 0, std 1 (the seed's values)
     return w
-
-
-def _quantize_rows(w: np.ndarray) -> Int8Tensor:
-    """SPEC A2 per-tensor quantization of f32 ``w``, in row chunks.
-
-    Bit for bit ``quant.quantize_per_tensor(w)`` (tests check it), without
-    its full-size f32 temporaries: a 262144 x 640 matrix would need three.
-    """
-    step = max(1, _CHUNK_VALUES // max(1, w[0].size))
-    amax = max(float(np.max(np.abs(w[r:r + step]))) for r in range(0, len(w), step))
-    if not math.isfinite(amax):
-        raise ValueError("cannot quantize a tensor holding NaN or Inf")
-    scale = np.float32(max(amax, SCALE_FLOOR) / 127.0)
-    q = np.empty(w.shape, dtype=np.int8)
-    for r in range(0, len(w), step):
-        q[r:r + step] = np.clip(np.round(w[r:r + step] / scale), -128, 127)
-    return Int8Tensor(q=q, scale=scale)

@@ -119,7 +119,7 @@ def test_dump_and_model_size(tiny_model_path):
     assert dump.returncode == 0
     assert "layers.1.down_proj" in dump.stdout and "256x1024" in dump.stdout
     assert cli("--weights", str(tiny_model_path), "--model_size", "tiny", "--dump").returncode == 0
-    assert_one_line_error(cli("--weights", str(tiny_model_path), "--model_size", "270m"), "--model_size")
+    assert_one_line_error(cli("--weights", str(tiny_model_path), "--model_size", "270m"), "270m")
 
 
 @pytest.mark.parametrize("flags,needle", [

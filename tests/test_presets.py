@@ -97,13 +97,16 @@ def test_chunked_draw_equals_one_draw(monkeypatch):
 @given(w=hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=2, max_side=24),
                     elements=st.floats(width=32, allow_nan=False, allow_infinity=False)),
        chunk=st.integers(1, 50))
-def test_quantize_rows_equals_quantize_per_tensor(w, chunk):
+def test_chunked_quantization_equals_the_one_shot_formula(w, chunk):
+    """quantize_per_tensor works in row chunks; it must equal SPEC A2 done in one go."""
+    from gemma_cy import quant
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(presets, "_CHUNK_VALUES", chunk)
-        got = presets._quantize_rows(w)
-    want = quantize_per_tensor(w)
-    assert got.q.dtype == np.int8 and np.array_equal(got.q, want.q)
-    assert got.scale == want.scale
+        mp.setattr(quant, "QUANT_CHUNK_VALUES", chunk)
+        got = quantize_per_tensor(w)
+    scale = np.float32(max(float(np.max(np.abs(w))), 1e-9) / 127.0)
+    want = np.clip(np.round(w / scale), -128, 127).astype(np.int8)
+    assert got.q.dtype == np.int8 and np.array_equal(got.q, want)
+    assert got.scale == scale
 
 
 def test_small_weights_are_deterministic_and_finite(small_weights):
