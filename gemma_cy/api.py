@@ -14,7 +14,7 @@ import numpy as np
 from .engines import DEFAULT_ENGINE, make_engine
 from .errors import ModelFormatError, ParameterError, TokenIndexError
 from .formats.gmw import read_gmw
-from .generation import Generation, Observer
+from .generation import Generation, Observer, check_prompt_fits
 from .sampling import Sampler
 from .tokenizer import GreedyTokenizer
 from .weights import Weights

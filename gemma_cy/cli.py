@@ -153,9 +153,50 @@ def run(args) -> int:
     return 0
 
 
+def build_diff_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="gemma-cy diff",
+                      description="Run the fast engine against the NumPy reference: per-layer errors "
+                                  "over the prompt, then greedy tokens until the first divergence.")
+    p.add_argument("--weights_path", "--weights", dest="weights", required=True, help="weights file")
+    p.add_argument("--tok_path", help="tokenizer file (default: weights path + '.tok')")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="", help="prompt text (BOS is added)")
+    src.add_argument("--prompt_ids", type=id_list_flag, help="comma-separated token ids instead of text")
+    p.add_argument("--chat_format", type=int_flag, default=0, choices=(0, 1))
+    p.add_argument("--n_dec", type=int_flag, default=64, help="greedy tokens to compare (default 64)")
+    p.add_argument("--max_cache_len", type=int_flag, default=8192)
+    p.add_argument("--engines", default="reference,fast",
+                   help="REFERENCE,OTHER engine names (default reference,fast)")
+    return p
+
+
+def run_diff(args) -> int:
+    """`gemma-cy diff`: exit 0 when every layer is within tolerance and the
+    greedy tokens agree, 1 otherwise."""
+    from . import api
+    from .diff import diff_engines
+
+    if args.n_dec < 0:
+        raise ParameterError(f"--n_dec = {args.n_dec}, must be >= 0")
+    names = tuple(args.engines.split(","))
+    if len(names) != 2:
+        raise ParameterError(f"--engines {args.engines!r}: expected two names, e.g. reference,fast")
+    model = api.load(args.weights, args.tok_path, engine=names[0], max_cache_len=args.max_cache_len)
+    source = args.prompt_ids if args.prompt_ids is not None else os.fsencode(args.prompt)
+    ids = model.prompt_ids(source, chat_format=bool(args.chat_format))
+    api.check_prompt_fits(len(ids), 0, model.context_len)
+    report = diff_engines(model.weights, ids, args.n_dec, args.max_cache_len, names)
+    sys.stdout.write(f"prompt: {len(ids)} tokens; engines: {names[0]} (reference) vs {names[1]}\n")
+    sys.stdout.write(report.format() + "\n")
+    return 0 if report.ok else EXIT_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``gemma-cy`` console script."""
+    """Entry point of the ``gemma-cy`` console script (and ``gemma-cy diff``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["diff"]:
+            return run_diff(build_diff_parser().parse_args(argv[1:]))
         args = build_parser().parse_args(argv)
         return run(args)
     except GemmaCyError as e:
