@@ -13,6 +13,7 @@ import numpy as np
 
 from .engines import DEFAULT_ENGINE, make_engine
 from .errors import ModelFormatError, ParameterError, TokenIndexError
+from .formats.gguf import read_gguf
 from .formats.gmw import read_gmw
 from .generation import Generation, Observer, check_prompt_fits
 from .sampling import Sampler
@@ -41,7 +42,9 @@ def open_weights(path: str) -> Weights:
     magic = read_magic(path)
     if magic == b"GMW1":
         return read_gmw(path)
-    raise ModelFormatError(f"{path}: unknown weights format (magic {magic!r}; supported: GMW1)")
+    if magic == b"GGUF":
+        return read_gguf(path)
+    raise ModelFormatError(f"{path}: unknown weights format (magic {magic!r}; supported: GMW1, GGUF)")
 
 
 def open_tokenizer(path: str) -> GreedyTokenizer:

@@ -20,6 +20,12 @@ qd = n_heads*head_dim):
     layers.{l}.post_ffn_norm  (dim,)             only when config.post_norms
     final_norm              (dim,)
     lm_head                 (vocab_size, dim)    absent when config.tied_embeddings
+
+Each tensor is one of the quant types, all with ``shape``, ``dequantize()``
+and ``row(i)``: ``Int8Tensor`` (GMW1: one scale per tensor), ``Q8_0Tensor``
+(GGUF matrices: one f16 scale per 32 values along the input dim) or
+``F32Tensor`` (GGUF norm gains). formats/gguf.py maps llama.cpp's names
+(token_embd, blk.{l}.attn_q, ..., output_norm) to the names above.
 """
 from __future__ import annotations
 

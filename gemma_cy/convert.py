@@ -1,0 +1,124 @@
+"""Convert a GGUF model to the layout gemma-cy runs: Q8_0 matrices, F32 norms.
+
+    convert("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m-q8_0.gguf", progress=...)
+
+Every matrix (a tensor of 2+ dims) becomes Q8_0 (int8, one f16 scale per 32
+values along the input dimension: llama.cpp's layout, so llama.cpp runs the
+result too); Q8_0, Q4_0 and Q5_0 sources map to it exactly, other types are
+dequantized and rounded once (``ggml_quants.to_q8_0``, SPEC Part C). Vectors
+(norm gains) become F32. Every metadata key of the source is kept as it is
+(tokenizer included), except ``general.file_type``, which becomes 7
+(llama.cpp's MOSTLY_Q8_0). Tensor names and order are kept.
+
+The source is validated like any model file before conversion starts:
+``parse_gguf`` (BAD_INPUTS rows 1-15), a supported architecture, and exactly
+the tensors its metadata implies, with the right shapes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+from .errors import GemmaCyError, ModelFormatError
+from .formats.gguf import (UINT32, Field, TensorData, TensorInfo, check_model_tensors, gguf_config,
+                           parse_gguf, write_gguf)
+from .ggml_quants import DEQUANTIZABLE, F32, GGML_TYPES, Q8_0, dequantize, is_exact_in_q8_0, to_q8_0
+
+FILE_TYPE_MOSTLY_Q8_0 = 7  # llama.cpp's llama_ftype for "all matrices Q8_0"
+
+# progress(done, total, name): called after each tensor is written
+Progress = Callable[[int, int, str], None]
+
+
+def convert(in_path, out_path, progress: Progress | None = None) -> dict[str, str]:
+    """Convert GGUF ``in_path`` to a Q8_0/F32 GGUF at ``out_path``.
+
+    Returns tensor name -> what was done ("exact Q5_0", "rounded Q4_K",
+    "f32 F32"...). ``progress(done, total, name)`` is called after each
+    tensor. Raises ModelFormatError for a source gemma-cy cannot read or
+    convert (naming the tensor and the supported types); the output appears
+    only once complete.
+    """
+    gf = parse_gguf(in_path)
+    config = gguf_config(gf)
+    check_model_tensors(gf, config)
+    for t in gf.tensors.values():
+        if GGML_TYPES[t.ggml_type].name not in DEQUANTIZABLE:
+            raise ModelFormatError(f"{gf.path}: tensor {t.name!r} is {t.type_name}; the converter reads "
+                                   f"{', '.join(DEQUANTIZABLE)}")
+        if len(t.dims) > 1 and t.dims[0] % 32:
+            raise ModelFormatError(f"{gf.path}: tensor {t.name!r}: ne0 = {t.dims[0]} is not a multiple "
+                                   f"of 32, so it cannot be Q8_0")
+    fields = dict(gf.fields)
+    fields["general.file_type"] = Field(UINT32, FILE_TYPE_MOSTLY_Q8_0)
+    total = len(gf.tensors)
+    done: dict[str, str] = {}
+
+    def producer(t: TensorInfo) -> Callable[[], np.ndarray]:
+        def produce() -> np.ndarray:
+            raw = gf.raw(t.name)
+            if len(t.dims) == 1:
+                out = dequantize(raw, t.ggml_type, t.shape)
+                how = "f32"
+            else:
+                try:
+                    out = to_q8_0(raw, t.ggml_type, t.shape)
+                except ValueError as e:  # e.g. a scale too large for f16
+                    raise ModelFormatError(f"{gf.path}: tensor {t.name!r}: {e}") from None
+                how = "exact" if is_exact_in_q8_0(t.ggml_type) else "rounded"
+            done[t.name] = f"{how} {t.type_name}"
+            if progress is not None:
+                progress(len(done), total, t.name)
+            return out
+        return produce
+
+    tensors = [TensorData(t.name, F32 if len(t.dims) == 1 else Q8_0, t.dims, producer(t))
+               for t in gf.tensors.values()]
+    write_gguf(out_path, fields, tensors)
+    return done
+
+
+def stderr_progress(label: str) -> Progress:
+    """A progress callback for stderr: on a terminal one line redrawn at each
+    new percent; otherwise (a log) only the final line."""
+    start = time.perf_counter()
+    shown = [-1]
+    tty = sys.stderr.isatty()
+
+    def show(done: int, total: int, name: str) -> None:
+        percent = 100 * done // total
+        if done == total:
+            sys.stderr.write(f"\r{label}: {total} tensors ({time.perf_counter() - start:.1f} s)\n")
+        elif tty and percent != shown[0]:
+            sys.stderr.write(f"\r{label}: {done}/{total} tensors ({percent}%)")
+        else:
+            return
+        shown[0] = percent
+        sys.stderr.flush()
+    return show
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gemma_cy.convert IN.gguf -o OUT.gguf``: convert with progress on stderr."""
+    parser = argparse.ArgumentParser(prog="gemma-cy convert", description=__doc__.split("\n\n")[0])
+    parser.add_argument("input", help="source GGUF file (F32/F16/BF16/Q4_0/Q5_0/Q8_0/K-quant tensors)")
+    parser.add_argument("-o", "--output", required=True, help="converted GGUF file to write")
+    args = parser.parse_args(argv)
+    if os.path.abspath(args.input) == os.path.abspath(args.output):
+        print("gemma-cy convert: the output must not be the input file", file=sys.stderr)
+        return 2
+    try:
+        convert(args.input, args.output, progress=stderr_progress(f"converting {args.input}"))
+    except GemmaCyError as e:
+        print(f"gemma-cy convert: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
