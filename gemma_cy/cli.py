@@ -191,12 +191,38 @@ def run_diff(args) -> int:
     return 0 if report.ok else EXIT_ERROR
 
 
+def build_convert_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="gemma-cy convert",
+                      description="Convert a GGUF model to gemma-cy's engine format: Q8_0 matrices "
+                                  "(one scale per 32 inputs; llama.cpp runs it too), F32 norms.")
+    p.add_argument("input", help="source GGUF (F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K)")
+    p.add_argument("-o", "--output", required=True, help="converted GGUF to write")
+    return p
+
+
+def run_convert(args) -> int:
+    from .convert import convert, stderr_progress
+
+    if os.path.abspath(args.input) == os.path.abspath(args.output):
+        raise ParameterError("convert: the output must not be the input file")
+    kinds = convert(args.input, args.output, progress=stderr_progress(f"converting {args.input}"))
+    exact = sum(1 for kind in kinds.values() if kind.startswith("exact"))
+    sys.stderr.write(f"wrote {args.output}: {len(kinds)} tensors, {exact} re-quantized exactly\n")
+    return 0
+
+
+SUBCOMMANDS = {"diff": (build_diff_parser, lambda a: run_diff(a)),
+               "convert": (build_convert_parser, lambda a: run_convert(a))}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``gemma-cy`` console script (and ``gemma-cy diff``)."""
+    """Entry point of the ``gemma-cy`` console script (and its subcommands
+    ``gemma-cy diff`` and ``gemma-cy convert``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["diff"]:
-            return run_diff(build_diff_parser().parse_args(argv[1:]))
+        if argv[:1] and argv[0] in SUBCOMMANDS:
+            build, run_sub = SUBCOMMANDS[argv[0]]
+            return run_sub(build().parse_args(argv[1:]))
         args = build_parser().parse_args(argv)
         return run(args)
     except GemmaCyError as e:

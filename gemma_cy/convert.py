@@ -101,24 +101,3 @@ def stderr_progress(label: str) -> Progress:
         shown[0] = percent
         sys.stderr.flush()
     return show
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m gemma_cy.convert IN.gguf -o OUT.gguf``: convert with progress on stderr."""
-    parser = argparse.ArgumentParser(prog="gemma-cy convert", description=__doc__.split("\n\n")[0])
-    parser.add_argument("input", help="source GGUF file (F32/F16/BF16/Q4_0/Q5_0/Q8_0/K-quant tensors)")
-    parser.add_argument("-o", "--output", required=True, help="converted GGUF file to write")
-    args = parser.parse_args(argv)
-    if os.path.abspath(args.input) == os.path.abspath(args.output):
-        print("gemma-cy convert: the output must not be the input file", file=sys.stderr)
-        return 2
-    try:
-        convert(args.input, args.output, progress=stderr_progress(f"converting {args.input}"))
-    except GemmaCyError as e:
-        print(f"gemma-cy convert: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
