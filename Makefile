@@ -8,7 +8,7 @@ BUILD_STAMP := .venv/.build-stamp
 MODELS := models
 TINY := $(MODELS)/tiny.gmw
 PROMPT ?= Once upon a time
-SOURCES := $(wildcard gemma_cy/*.pyx gemma_cy/*.pxd gemma_cy/*.h) setup.py pyproject.toml
+SOURCES := $(wildcard gemma_cy/*.pyx gemma_cy/*.pxd gemma_cy/*.h gemma_cy/kernels/*.pxi) setup.py pyproject.toml
 
 .PHONY: build test test-debug run bench clean
 
@@ -33,8 +33,24 @@ run: $(TINY)
 	@echo "tiny model has random weights: expect gibberish" >&2
 	$(PYTHON) -m gemma_cy.cli --weights $(TINY) --prompt "$(PROMPT)" --n_dec 48 --temp 0.8 --minp 0.05 --seed 7
 
-test: $(BUILD_STAMP)
+test: $(BUILD_STAMP) test-debug
 	$(PYTHON) -m pytest -q tests
+
+# The kernel and forward-pass tests against a debug build (GEMMA_CY_DEBUG=1:
+# bounds, wraparound and initialized checks on, -O0 -g). It is built from a
+# copy of the sources in $(DEBUG_SRC), so the in-place release modules (and
+# their generated .c files) stay as they are, and the tests run from that copy
+# so that `import gemma_cy` finds the debug modules first.
+DEBUG_SRC := build/debug/src
+PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(PYTHON))
+
+test-debug: $(BUILD_STAMP)
+	@mkdir -p $(DEBUG_SRC)
+	tar -c --exclude="*.so" --exclude="*.c" --exclude=__pycache__ gemma_cy reference setup.py pyproject.toml README.md \
+		| tar -x -C $(DEBUG_SRC)
+	cd $(DEBUG_SRC) && GEMMA_CY_DEBUG=1 $(PYTHON_ABS) setup.py --quiet build_ext --inplace
+	cd $(DEBUG_SRC) && $(PYTHON_ABS) -c "from gemma_cy import ops; print('debug build:', ops._impl.__file__)"
+	cd $(DEBUG_SRC) && $(PYTHON_ABS) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/test_forward.py $(CURDIR)/tests/test_kernels.py
 
 bench: $(BUILD_STAMP)
 	$(PYTHON) scripts/bench.py

@@ -68,7 +68,7 @@ setup(
     # name in site-packages.
     packages=["gemma_cy", "gemma_cy.formats", "gemma_cy_reference"],
     package_dir={"gemma_cy_reference": "reference"},
-    package_data={"gemma_cy": ["*.pxd", "*.pyx"]},
+    package_data={"gemma_cy": ["*.pxd", "*.pyx", "kernels/*.pxi"]},
     ext_modules=cythonize(EXTENSIONS, compiler_directives=DIRECTIVES,
                           annotate=os.environ.get("GEMMA_CY_ANNOTATE", "") not in ("", "0")),
     zip_safe=False,

@@ -1,11 +1,15 @@
-"""Engine selection: the name a user gives -> an engine over loaded Weights."""
+"""Engine selection: the name a user gives -> an engine over loaded Weights.
+
+"fast" (the default) is the Cython forward pass, gemma_cy.fast_engine;
+"reference" the NumPy one, imported only when asked for.
+"""
 from __future__ import annotations
 
 from .errors import ParameterError
 from .weights import Weights
 
 ENGINES = ("reference", "fast")
-DEFAULT_ENGINE = "reference"
+DEFAULT_ENGINE = "fast"
 
 
 def make_engine(name: str, weights: Weights, max_cache_len: int):
@@ -17,5 +21,6 @@ def make_engine(name: str, weights: Weights, max_cache_len: int):
         from gemma_cy_reference.model import ReferenceEngine
         return ReferenceEngine(weights, max_cache_len)
     if name == "fast":
-        raise ParameterError("engine 'fast': the Cython fast path is not built yet; use --engine reference")
+        from .fast_engine import FastEngine
+        return FastEngine(weights, max_cache_len)
     raise ParameterError(f"engine = {name!r}, expected one of {ENGINES}")

@@ -1,5 +1,6 @@
-"""The kernels (int8 dot/GEMV, RMSNorm, RoPE, softmax, gated activations,
-residual add, int8 dequantize), from the best SIMD module this CPU runs.
+"""The kernels (int8 dot/GEMV, f32 dot and axpy, RMSNorm, RoPE, softmax,
+soft-cap, gated activations, residual add, int8 dequantize), from the best
+SIMD module this CPU runs.
 
 The same kernel sources are built once per instruction set, as the extension
 modules ``gemma_cy.simd_<isa>`` (see setup.py and gemma_cy/kernels/). At
@@ -9,6 +10,9 @@ CPU supports and this build has. The kernels know nothing of the model graph.
 
 Python API (all arrays C-contiguous; read-only inputs are fine):
     dot_i8(q, x, scale) -> float
+    dot_f32(a, b) -> float
+    axpy(a, x, y, out=None) -> out (y + a*x)
+    softcap(x, cap, out=None) -> out
     gemv_i8(q, scale, x, out=None) -> out (rows,)
     rmsnorm(x, gain, eps, one_plus, out=None) -> out
     rope_cos_sin(pos, head_dim, base) -> (cos, sin)
@@ -20,7 +24,9 @@ Python API (all arrays C-contiguous; read-only inputs are fine):
     dequantize_i8(q, scale, out=None) -> out
 Wrong dtypes raise TypeError; wrong shapes, non-contiguous arrays and bad
 ``out`` arrays raise ValueError. Cython callers use the ``k_*`` C functions
-declared in gemma_cy/kernels/api.pxi instead.
+declared in gemma_cy/kernels/api.pxi instead. Each module also holds the
+whole forward pass over its kernels, ``FastModel`` (gemma_cy/kernels/forward.pxi),
+which gemma_cy.fast_engine drives.
 """
 from __future__ import annotations
 
@@ -83,6 +89,9 @@ ISA: str = _choose()  # the name of the module in use
 _impl = module_for(ISA)
 
 dot_i8 = _impl.dot_i8
+dot_f32 = _impl.dot_f32
+axpy = _impl.axpy
+softcap = _impl.softcap
 gemv_i8 = _impl.gemv_i8
 rmsnorm = _impl.rmsnorm
 rope_cos_sin = _impl.rope_cos_sin

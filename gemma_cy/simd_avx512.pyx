@@ -2,9 +2,11 @@
 Skylake-SP and later Intel, Zen 4 and later.
 
 One of the simd_<isa> modules built from the same sources (setup.py): the
-int8 dot product in kernels/dot_avx512.pxi, everything else in
-kernels/common.pxi. gemma_cy.ops picks the module this CPU runs best; the
+int8 dot product in kernels/dot_avx512.pxi, the other kernels in
+kernels/common.pxi, and the whole forward pass over them (FastModel) in
+kernels/forward.pxi. gemma_cy.ops picks the module this CPU runs best; the
 C interface is kernels/api.pxi.
 """
 include "kernels/common.pxi"
 include "kernels/dot_avx512.pxi"
+include "kernels/forward.pxi"

@@ -2,9 +2,11 @@
 baseline: SSE2 on x86-64, NEON on arm64), so they run on any CPU of it.
 
 One of the simd_<isa> modules built from the same sources (setup.py): the
-int8 dot product in kernels/dot_generic.pxi, everything else in
-kernels/common.pxi. gemma_cy.ops picks the module this CPU runs best; the
+int8 dot product in kernels/dot_generic.pxi, the other kernels in
+kernels/common.pxi, and the whole forward pass over them (FastModel) in
+kernels/forward.pxi. gemma_cy.ops picks the module this CPU runs best; the
 C interface is kernels/api.pxi.
 """
 include "kernels/common.pxi"
 include "kernels/dot_generic.pxi"
+include "kernels/forward.pxi"

@@ -1,9 +1,11 @@
 """gemma-cy kernels for NEON (Advanced SIMD) intrinsics, aarch64 only.
 
 One of the simd_<isa> modules built from the same sources (setup.py): the
-int8 dot product in kernels/dot_neon.pxi, everything else in
-kernels/common.pxi. gemma_cy.ops picks the module this CPU runs best; the
+int8 dot product in kernels/dot_neon.pxi, the other kernels in
+kernels/common.pxi, and the whole forward pass over them (FastModel) in
+kernels/forward.pxi. gemma_cy.ops picks the module this CPU runs best; the
 C interface is kernels/api.pxi.
 """
 include "kernels/common.pxi"
 include "kernels/dot_neon.pxi"
+include "kernels/forward.pxi"

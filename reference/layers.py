@@ -22,15 +22,12 @@ Abbreviations used in the shape comments:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from gemma_cy.config import ModelConfig
+from gemma_cy.observe import Observer  # observer(layer, op, pos, value): the calls are listed there
 from gemma_cy.weights import Weights
-
-# observer(layer, op, pos, value): see model.OBSERVED_OPS for the calls made.
-Observer = Callable[[int, str, int, np.ndarray], None]
 
 GELU_TANH_C = np.float32(np.sqrt(2.0 / np.pi))  # sqrt(2/pi) of the tanh approximation
 GELU_TANH_A = np.float32(0.044715)

@@ -8,45 +8,19 @@ expose the same methods, raise the same errors and call the same observer.
 """
 from __future__ import annotations
 
-import operator
 from typing import Sequence
 
 import numpy as np
 
-from gemma_cy.errors import NumericalError, ParameterError, TokenIndexError
+from gemma_cy.checks import cache_length, check_position, check_prefill, check_token, non_finite_error
+# The observer's calls (which, in what order, what shapes) are defined once, in
+# gemma_cy.observe, for both engines; re-exported here.
+from gemma_cy.observe import OBSERVED_OPS, observed_calls
 from gemma_cy.weights import Weights
 
 from .layers import F32Weights, KVCache, Observer, block, embed, final_norm, logits, no_observer
 
-# The observer's calls for one position, in this order (a diff tool walks
-# both engines with it): observer(layer, op, pos, value), value read-only f32.
-#   layer -1        "embed"       (dim,)    token row * embed_scale (+ position row)
-#   layer l         "attn_norm"   (dim,)    input of attention
-#     0..n_layers-1 "q"           (nh, hd)  after q-norm and RoPE
-#                   "k"           (nkv, hd) after k-norm and RoPE (as cached)
-#                   "v"           (nkv, hd) as cached
-#                   "attn_out"    (qd,)     weighted sum of v, before o_proj
-#                   "attn"        (dim,)    after o_proj (and post_attn_norm)
-#                   "resid_attn"  (dim,)    x after the attention residual add
-#                   "ffn_norm"    (dim,)    input of the MLP
-#                   "mlp"         (dim,)    after down_proj (and post_ffn_norm)
-#                   "resid_mlp"   (dim,)    x after the MLP residual add: the layer's output
-#   layer n_layers  "final_norm"  (dim,)
-#                   "logits"      (vocab,)  after the final soft-cap, if any
-EMBED_OPS = ("embed",)
-LAYER_OPS = ("attn_norm", "q", "k", "v", "attn_out", "attn", "resid_attn",
-             "ffn_norm", "mlp", "resid_mlp")
-HEAD_OPS = ("final_norm", "logits")
-OBSERVED_OPS = EMBED_OPS + LAYER_OPS + HEAD_OPS
-
-
-def observed_calls(n_layers: int) -> list[tuple[int, str]]:
-    """(layer, op) of every observer call of one position, in call order."""
-    calls = [(-1, op) for op in EMBED_OPS]
-    for layer in range(n_layers):
-        calls += [(layer, op) for op in LAYER_OPS]
-    calls += [(n_layers, op) for op in HEAD_OPS]
-    return calls
+__all__ = ["ReferenceEngine", "OBSERVED_OPS", "observed_calls"]
 
 
 def _read_only(observer: Observer) -> Observer:
@@ -72,11 +46,8 @@ class ReferenceEngine:
     """
 
     def __init__(self, weights: Weights, max_cache_len: int) -> None:
-        if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, (int, np.integer)) \
-                or max_cache_len <= 0:
-            raise ParameterError(f"max_cache_len = {max_cache_len!r}, must be an integer > 0")
         self.config = weights.config
-        self.cache_len = min(int(max_cache_len), self.config.max_seq_len)
+        self.cache_len = cache_length(max_cache_len, self.config)
         self.weights = F32Weights.from_weights(weights)
         self.cache = KVCache(self.config, self.cache_len)
         self.pos = 0
@@ -89,26 +60,14 @@ class ReferenceEngine:
         """Run ``token`` at position ``pos`` (0 <= pos <= self.pos) and return
         its logits (vocab,) f32. Positions after ``pos`` are forgotten
         (self.pos becomes pos + 1)."""
-        token = self._check_token(token)
-        pos = operator.index(pos)
-        if not 0 <= pos < self.cache_len:
-            raise TokenIndexError(f"position {pos} outside the KV cache [0, {self.cache_len})")
-        if pos > self.pos:
-            raise TokenIndexError(
-                f"position {pos} skips ahead: {self.pos} positions are filled, so the next is {self.pos}")
+        token = check_token(token, self.config.vocab_size)
+        pos = check_position(pos, self.pos, self.cache_len)
         return self._step(token, pos, no_observer if observer is None else _read_only(observer))
 
     def prefill(self, ids: Sequence[int], observer: Observer | None = None) -> np.ndarray:
         """Run ``ids`` at positions self.pos, self.pos+1, ...; return the logits
         (vocab,) of the last one. Every id and position is checked first."""
-        ids = [self._check_token(token) for token in ids]
-        if not ids:
-            raise ValueError("prefill: ids is empty (need at least one token)")
-        last = self.pos + len(ids) - 1
-        if last >= self.cache_len:
-            raise TokenIndexError(
-                f"position {last} outside the KV cache [0, {self.cache_len}): "
-                f"{len(ids)} tokens from position {self.pos}")
+        ids = check_prefill(ids, self.pos, self.config.vocab_size, self.cache_len)
         observe = no_observer if observer is None else _read_only(observer)
         for token in ids:
             out = self._step(token, self.pos, observe)
@@ -117,13 +76,6 @@ class ReferenceEngine:
     def decode(self, token: int, observer: Observer | None = None) -> np.ndarray:
         """Run one token at the next position; return its logits (vocab,)."""
         return self.forward(token, self.pos, observer)
-
-    def _check_token(self, token) -> int:
-        token = operator.index(token)
-        if not 0 <= token < self.config.vocab_size:
-            raise TokenIndexError(
-                f"token id {token} outside the vocabulary [0, {self.config.vocab_size})")
-        return token
 
     def _step(self, token: int, pos: int, observe: Observer) -> np.ndarray:
         """One position, inputs already checked; raises NumericalError on
@@ -145,8 +97,6 @@ class ReferenceEngine:
             out = logits(xn, w, c)  # (vocab,)
             observe(c.n_layers, "logits", pos, out)
         if not np.all(np.isfinite(out)):
-            where = ("the embedding" if first_bad == -1 else
-                     f"layer {first_bad}" if first_bad is not None else "the output head")
-            raise NumericalError(f"non-finite logits at position {pos} (first non-finite: {where})")
+            raise non_finite_error(pos, first_bad, c.n_layers)
         self.pos = pos + 1
         return out

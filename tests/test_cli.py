@@ -174,10 +174,10 @@ def test_stdout_closed_early_exits_quietly(tiny_model_path):
 def test_ctrl_c_flushes_partial_text_and_exits_130(tiny_model_path, monkeypatch, capsys):
     """A KeyboardInterrupt in the middle of decoding (what Ctrl-C raises)."""
     from gemma_cy import cli as cli_module
-    from gemma_cy_reference import model as ref_model
+    from gemma_cy.fast_engine import FastEngine  # the default engine
 
     calls = {"n": 0}
-    real_decode = ref_model.ReferenceEngine.decode
+    real_decode = FastEngine.decode
 
     def decode_then_interrupt(self, token, observer=None):
         calls["n"] += 1
@@ -185,7 +185,7 @@ def test_ctrl_c_flushes_partial_text_and_exits_130(tiny_model_path, monkeypatch,
             raise KeyboardInterrupt
         return real_decode(self, token, observer)
 
-    monkeypatch.setattr(ref_model.ReferenceEngine, "decode", decode_then_interrupt)
+    monkeypatch.setattr(FastEngine, "decode", decode_then_interrupt)
     code = cli_module.main(["--weights", str(tiny_model_path), "--prompt", "hi", "--n_dec", "50",
                             "--temp", "0", "--terminate_on_eos", "0"])
     captured = capsys.readouterr()

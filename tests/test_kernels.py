@@ -59,9 +59,10 @@ def dot_error_bound(n: int, x_max: float, w_max: float) -> float:
     with |x| <= x_max and |q * scale| <= w_max.
 
     Each term's rounding error is at most (additions on its path + 2) * u *
-    |term| (one product, one final scaling). The longest path is the generic
-    module's: n/8 per lane, 3 to add the 8 lanes, up to 7 tail terms; the
-    SIMD modules' paths are shorter (n/32 or n/64 per lane).
+    |term| (one product, one final scaling). n/8 + 3 + 7 bounds every
+    module's path: n/32 per lane in the generic and AVX2 modules (plus up to
+    3 eight-value steps and 2 to join their four accumulators), n/64 in the
+    AVX-512 one, then 3 to add the 8 lanes and up to 7 tail terms.
     """
     path = n / 8 + 3 + 7 + 2
     return path * U * n * x_max * w_max
@@ -175,6 +176,59 @@ def test_gemv_i8_empty(isa):
     assert m.gemv_i8(np.zeros((0, 5), np.int8), 1.0, np.ones(5, np.float32)).shape == (0,)
     np.testing.assert_array_equal(m.gemv_i8(np.zeros((3, 0), np.int8), 1.0, np.ones(0, np.float32)), 0)
     assert m.dot_i8(np.zeros(0, np.int8), np.zeros(0, np.float32), 1.0) == 0.0
+
+
+# ---------------------------------------------------------------------------
+# f32 dot (q.k), axpy (weighted sum of v), soft-cap
+
+
+@ISA
+def test_dot_f32_every_length(isa):
+    """Lengths 0..100 cover 2N around the 16-lane step and every tail; starts
+    cycle through the positions within a vector."""
+    m = kernels(isa)
+    rng = np.random.default_rng(2)
+    for n in range(101):
+        a = f32_at(rng.uniform(-X_MAX, X_MAX, n).astype(np.float32), n % 16)
+        b = f32_at(rng.uniform(-1, 1, n).astype(np.float32), (3 * n) % 16)
+        assert_close(m.dot_f32(a, b), a.astype(np.float64) @ b.astype(np.float64))
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), n=st.integers(1, N_MAX), offset=st.integers(0, 15))
+def test_dot_f32_matches_numpy(isa, data, n, offset):
+    """|a| <= 2, |b| <= 1: dot_error_bound's range, so the default atol holds."""
+    a = read_only(f32_at(data.draw(hnp.arrays(np.float32, n, elements=st.floats(-X_MAX, X_MAX, width=32))),
+                         offset))
+    b = read_only(data.draw(hnp.arrays(np.float32, n, elements=st.floats(-W_MAX, W_MAX, width=32))))
+    assert_close(kernels(isa).dot_f32(a, b), a.astype(np.float64) @ b.astype(np.float64))
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), n=st.integers(1, N_MAX), offset=st.integers(0, 15), a=st.floats(-1, 1, width=32))
+def test_axpy_matches_numpy(isa, data, n, offset, a):
+    """y + a*x: one product and one sum per value (fused or not: within 1 ulp)."""
+    x = read_only(f32_at(data.draw(hnp.arrays(np.float32, n, elements=finite)), offset))
+    y = data.draw(hnp.arrays(np.float32, n, elements=finite))
+    expected = y.astype(np.float64) + np.float64(a) * x.astype(np.float64)
+    m = kernels(isa)
+    assert_close(m.axpy(a, x, read_only(y.copy())), expected)
+    assert m.axpy(a, x, y, out=y) is y
+    assert_close(y, expected)
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), n=st.integers(1, N_MAX), cap=st.sampled_from([1.5, 4.0, 30.0, 50.0]))
+def test_softcap_matches_numpy(isa, data, n, cap):
+    """cap * tanh(x / cap), scores far past the cap included."""
+    x = read_only(data.draw(hnp.arrays(np.float32, n, elements=st.floats(-1e4, 1e4, width=32))))
+    expected = cap * np.tanh(x.astype(np.float64) / cap)
+    out = kernels(isa).softcap(x, cap)
+    assert_close(out, expected, ATOL_ACT, RTOL_ACT)
+    assert np.all(np.abs(out) <= cap)
 
 
 # ---------------------------------------------------------------------------
@@ -364,6 +418,15 @@ def _bad_calls(m):
         (TypeError, lambda: m.gelu_tanh_mul(f, f.astype(np.float64))),
         (ValueError, lambda: m.add(h, h)),  # 1-D only
         (TypeError, lambda: m.dequantize_i8(np.ones(4, np.uint8), 1.0)),
+        (TypeError, lambda: m.dot_f32(f, q)),
+        (ValueError, lambda: m.dot_f32(f, f[:7])),
+        (ValueError, lambda: m.dot_f32(strided, f)),
+        (ValueError, lambda: m.axpy(1.0, f, f[:4])),
+        (TypeError, lambda: m.axpy(1.0, q, f)),
+        (ValueError, lambda: m.axpy(1.0, f, f.copy(), f)),  # out is x
+        (ValueError, lambda: m.softcap(f, 0.0)),
+        (ValueError, lambda: m.softcap(f, float("nan"))),
+        (ValueError, lambda: m.softcap(h, 1.0)),  # 1-D only
     ]
 
 

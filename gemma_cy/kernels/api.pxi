@@ -7,9 +7,24 @@
 # raw and trusted (no checks: the def wrappers in common.pxi validate); int8
 # rows may start at any byte address; f32 pointers need only 4-byte alignment.
 # An output may be the same pointer as an input of the same shape (in-place)
-# except in k_gemv_i8, where out must not overlap x.
+# except in k_gemv_i8 and k_matvec, where out must not overlap x.
 
 from libc.stdint cimport int8_t
+
+# How a quantized matrix is stored. One layout today; llama.cpp's Q8_0 (int8
+# with one scale per block of 32 values) will be one more value here, one more
+# field in QMatrix and one more GEMV kernel behind k_matvec / k_matrix_row.
+cdef enum QLayout:
+    QLAYOUT_I8_TENSOR = 0  # int8, one f32 scale for the whole tensor (GMW1, SPEC A2)
+
+# A weight matrix (rows, cols) as the kernels see it: a zero-copy pointer
+# into the (memory-mapped, read-only) file, its scale and its layout.
+cdef struct QMatrix:
+    const int8_t* q  # (rows, cols) row-major, rows back to back, any start address
+    float scale  # QLAYOUT_I8_TENSOR: the one scale of the tensor
+    Py_ssize_t rows
+    Py_ssize_t cols
+    QLayout layout
 
 cdef enum RopePairing:
     ROPE_INTERLEAVED = 0  # pair j is (x[2j], x[2j+1])        (seed, SPEC A5)
@@ -23,6 +38,28 @@ cdef float k_dot_i8(const int8_t* q, const float* x, Py_ssize_t n, float scale) 
 # with rows back to back, x (cols,), out (rows,).
 cdef void k_gemv_i8(float* out, const int8_t* q, float scale, const float* x,
                     Py_ssize_t rows, Py_ssize_t cols) noexcept nogil
+
+# out (w.rows,) = dequantized w . x (cols,), whatever w's layout; out must
+# not overlap x.
+cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil
+
+# out (w.cols,) = row ``row`` of w dequantized (an embedding lookup).
+cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil
+
+# sum_i a[i] * b[i] in f32 with 16 lane sums (q.k of attention), a, b (n,).
+cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil
+
+# y += a * x (the weighted sum of v), x, y (n,).
+cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil
+
+# x *= s in place (the embedding scale), x (n,).
+cdef void k_scale(float* x, float s, Py_ssize_t n) noexcept nogil
+
+# x = cap * tanh(x / cap) in place (Gemma 2's soft-cap), in f64 rounded once; cap > 0.
+cdef void k_softcap(float* x, Py_ssize_t n, float cap) noexcept nogil
+
+# True when every x[i] (n,) is finite (no NaN, no +-inf).
+cdef bint k_all_finite(const float* x, Py_ssize_t n) noexcept nogil
 
 # out = x / sqrt(mean(x^2) + eps) * g, or * (1 + g) when one_plus (Gemma).
 # x, g, out (n,); the sum of squares and the 1/sqrt are in f64.

@@ -45,6 +45,65 @@ cdef void k_gemv_i8(float* out, const int8_t* q, float scale, const float* x,
         out[r] = k_dot_i8(q + r * cols, x, cols, scale)
 
 
+cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    if w.layout == QLAYOUT_I8_TENSOR:
+        k_gemv_i8(out, w.q, w.scale, x, w.rows, w.cols)
+
+
+cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:
+    if w.layout == QLAYOUT_I8_TENSOR:
+        k_dequantize_i8(out, w.q + row * w.cols, w.scale, w.cols)
+
+
+cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
+    # 16 lane sums: two independent 8-wide chains once the compiler vectorizes
+    cdef float acc[16]
+    cdef float lanes[8]
+    cdef Py_ssize_t i = 0, j
+    cdef float s
+    for j in range(16):
+        acc[j] = 0
+    while i + 16 <= n:
+        for j in range(16):
+            acc[j] += a[i + j] * b[i + j]
+        i += 16
+    for j in range(8):
+        lanes[j] = acc[j] + acc[j + 8]
+    s = _sum8(lanes)
+    while i < n:
+        s += a[i] * b[i]
+        i += 1
+    return s
+
+
+cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        y[i] += a * x[i]
+
+
+cdef void k_scale(float* x, float s, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        x[i] *= s
+
+
+cdef void k_softcap(float* x, Py_ssize_t n, float cap) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef double c = cap
+    for i in range(n):
+        x[i] = <float> (c * tanh(x[i] / c))
+
+
+cdef bint k_all_finite(const float* x, Py_ssize_t n) noexcept nogil:
+    # x - x is 0 for every finite x and NaN for NaN and +-inf
+    cdef float s = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        s += x[i] - x[i]
+    return s == 0
+
+
 cdef void k_rmsnorm(float* out, const float* x, const float* g, Py_ssize_t n,
                     double eps, bint one_plus) noexcept nogil:
     cdef double ss = 0
@@ -197,6 +256,59 @@ def dot_i8(q, x, scale) -> float:
         with nogil:
             result = k_dot_i8(&qv[0], &xv[0], n, s)
     return result
+
+
+def dot_f32(a, b) -> float:
+    """sum_i a[i] * b[i] in f32 (the q.k of attention): a, b (n,) f32."""
+    _array(a, "a", np.float32, (1,))
+    _array(b, "b", np.float32, (1,))
+    _same_length("dot_f32", a, b)
+    cdef const float[::1] av = a, bv = b
+    cdef float result = 0
+    cdef Py_ssize_t n = av.shape[0]
+    if n:
+        with nogil:
+            result = k_dot_f32(&av[0], &bv[0], n)
+    return result
+
+
+def axpy(a, x, y, out=None):
+    """y + a * x (the weighted sum of v): x, y (n,) f32, a a scalar; out=y
+    accumulates in place. Returns out."""
+    _array(x, "x", np.float32, (1,))
+    _array(y, "y", np.float32, (1,))
+    _same_length("axpy", x, y)
+    out = _out(out, y.shape, (x, y))
+    if out is x:
+        raise ValueError("axpy: out is x (it accumulates into y)")
+    if out is not y:
+        out[...] = y
+    cdef float[::1] ov = out
+    cdef const float[::1] xv = x
+    cdef float s = a
+    cdef Py_ssize_t n = ov.shape[0]
+    if n:
+        with nogil:
+            k_axpy(&ov[0], s, &xv[0], n)
+    return out
+
+
+def softcap(x, cap, out=None):
+    """cap * tanh(x / cap) (Gemma 2's soft-cap): x (n,) f32, cap > 0; out=x
+    works in place. Returns out."""
+    _array(x, "x", np.float32, (1,))
+    if not cap > 0:
+        raise ValueError(f"softcap: cap = {cap!r}, must be > 0")
+    out = _out(out, x.shape, (x,))
+    if out is not x:
+        out[...] = x
+    cdef float[::1] ov = out
+    cdef float c = cap
+    cdef Py_ssize_t n = ov.shape[0]
+    if n:
+        with nogil:
+            k_softcap(&ov[0], n, c)
+    return out
 
 
 def gemv_i8(q, scale, x, out=None):

@@ -1,0 +1,468 @@
+# The forward pass: the layers of reference/layers.py (embed, rmsnorm, rope,
+# attention, mlp, block, final_norm, logits), with the same names, as nogil
+# methods of FastModel over this module's kernels. FastModel owns the weights
+# (zero-copy pointers into the mapped file), the scratch buffers and the KV
+# cache (llama2.c's TransformerWeights + RunState); FastModel.run runs one or
+# more positions through every layer in one call with the GIL released, with
+# no allocation and no Python inside.
+#
+# Included by every gemma_cy/simd_<isa>.pyx after the kernels, so each ISA
+# module has the whole step with its own kernels inlined. The engine around
+# it (index checks, observer calls, errors) is gemma_cy/fast_engine.py.
+#
+# Observer hook, one code path: with tracing on, the same step copies each
+# intermediate the reference observes (gemma_cy.observe) into a trace buffer
+# laid out once; the Python caller hands them to the observer after the call.
+#
+# The layer methods that index memoryviews with computed positions (KV cache,
+# scores, trace) are `except -1`: in the debug build (GEMMA_CY_DEBUG=1, bounds
+# checks on) an index error raises out of the nogil step instead of being
+# printed and ignored. Release builds never raise there; each call pays one
+# compare. The elementwise kernels below them stay `noexcept`.
+
+cimport cython
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport int32_t
+from libc.string cimport memcpy, memset
+
+from gemma_cy.errors import ModelFormatError
+from gemma_cy.observe import op_shape
+from gemma_cy.quant import Int8Tensor
+
+
+# The layer ops the trace records, in gemma_cy.observe.LAYER_OPS order; the
+# names of the same ops, in the same order, are LAYER_TRACE_OPS.
+cdef enum LayerOp:
+    OP_ATTN_NORM = 0
+    OP_Q = 1
+    OP_K = 2
+    OP_V = 3
+    OP_ATTN_OUT = 4
+    OP_ATTN = 5
+    OP_RESID_ATTN = 6
+    OP_FFN_NORM = 7
+    OP_MLP = 8
+    OP_RESID_MLP = 9
+    N_LAYER_OPS = 10
+
+LAYER_TRACE_OPS = ("attn_norm", "q", "k", "v", "attn_out", "attn", "resid_attn",
+                   "ffn_norm", "mlp", "resid_mlp")
+
+# FastModel.first_bad: where a step's activations first went non-finite
+# (-1 the embedding, 0..n_layers-1 a layer's residual, n_layers the logits).
+cdef enum:
+    ALL_FINITE = -2
+
+
+# One transformer layer's weights (reference.layers.LayerWeights). Sizes:
+# dim hidden, hd head_dim, qd = n_heads*hd, kvd = n_kv_heads*hd, mlp.
+cdef struct LayerWeights:
+    QMatrix q_proj  # (qd, dim)
+    QMatrix k_proj  # (kvd, dim)
+    QMatrix v_proj  # (kvd, dim)
+    QMatrix o_proj  # (dim, qd)
+    QMatrix gate_proj  # (mlp, dim)
+    QMatrix up_proj  # (mlp, dim)
+    QMatrix down_proj  # (dim, mlp)
+    const float* attn_norm  # (dim,)
+    const float* ffn_norm  # (dim,)
+    const float* q_norm  # (hd,), NULL unless config.qk_norm
+    const float* k_norm  # (hd,), NULL unless config.qk_norm
+    const float* post_attn_norm  # (dim,), NULL unless config.post_norms
+    const float* post_ffn_norm  # (dim,), NULL unless config.post_norms
+    Py_ssize_t rope_table  # 0: the global RoPE base's cos/sin, 1: the local one's
+    Py_ssize_t window  # positions attended to, itself included; 0 = all
+
+
+cdef QMatrix _qmatrix(object tensor, list keep) except *:
+    """The kernels' view of a weight tensor: a pointer into its (read-only,
+    usually mapped) values, no copy; ``keep`` keeps the array alive."""
+    if not isinstance(tensor, Int8Tensor):
+        raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
+    cdef const int8_t[:, ::1] view = tensor.q
+    cdef QMatrix m
+    keep.append(tensor.q)
+    m.q = &view[0, 0]
+    m.scale = tensor.scale
+    m.rows = view.shape[0]
+    m.cols = view.shape[1]
+    m.layout = QLAYOUT_I8_TENSOR
+    return m
+
+
+cdef object _zeros(object shape):
+    """A new f32 array of zeros of ``shape`` (an int or a tuple). np.zeros maps
+    fresh pages lazily: a large KV cache costs memory only as positions fill."""
+    return np.zeros(shape, np.float32)
+
+
+cdef object _read_only_view(object array):
+    """A read-only view of ``array`` (the owner keeps writing into it)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+cdef float* _f32(object array, list keep) except NULL:
+    """A pointer to the values of an owned f32 array (C-contiguous, non-empty)."""
+    cdef float[::1] view = array
+    keep.append(array)
+    return &view[0]
+
+
+cdef const float* _gain(object tensor, list keep) except? NULL:
+    """A norm gain dequantized once to an owned f32 array (exactly the
+    reference's q * scale); NULL for an absent (None) gain."""
+    if tensor is None:
+        return NULL
+    return _f32(np.array(tensor.dequantize(), dtype=np.float32, order="C", copy=True), keep)
+
+
+@cython.final
+cdef class FastModel:
+    """The whole forward pass of one model in Cython, over this module's kernels.
+
+    FastModel(weights, cache_len): weights is a gemma_cy.weights.Weights (its
+    int8 matrices are used in place: zero-copy views of the mapped file),
+    cache_len the positions of the KV cache (1..config.max_seq_len).
+
+    ``run(ids, pos, logits=True, trace=False)`` runs the int32 ids at
+    positions pos, pos+1, ... and returns how many positions completed.
+    Results: ``last_logits`` (vocab,) of the last position, ``trace`` and
+    ``trace_layout`` (the intermediates of a traced position), ``first_bad``,
+    ``cache_keys`` / ``cache_values`` (n_layers, cache_len, n_kv_heads,
+    head_dim): read-only views of buffers the next run overwrites.
+    gemma_cy.fast_engine.FastEngine is the engine built on this.
+    """
+
+    # sizes (abbreviations as in reference/layers.py)
+    cdef readonly Py_ssize_t n_layers, dim, n_heads, n_kv_heads, head_dim, q_dim, kv_dim
+    cdef readonly Py_ssize_t mlp_dim, vocab_size, cache_len
+    # switches
+    cdef double norm_eps
+    cdef bint one_plus  # gains are (1 + g)
+    cdef bint gelu  # gate activation: gelu_tanh, else silu
+    cdef bint position_table
+    cdef RopePairing pairing
+    cdef float embed_scale, scores_scale, attn_softcap, final_softcap  # soft-caps: 0 = off
+    cdef double rope_bases[2]  # global, local (layers' rope_table)
+
+    # weights
+    cdef QMatrix embed_tokens  # (vocab, dim)
+    cdef QMatrix embed_positions  # (max_seq_len, dim), when position_table
+    cdef QMatrix lm_head  # (vocab, dim): embed_tokens' own struct when tied (same memory)
+    cdef const float* final_gain  # (dim,)
+    cdef LayerWeights* layers  # (n_layers,)
+
+    # run state: scratch buffers, allocated once
+    cdef float* x  # (dim,) residual stream
+    cdef float* xb  # (dim,) normed input of attention / MLP
+    cdef float* xb2  # (dim,) output of attention / MLP; the position row in embed
+    cdef float* q  # (qd,) queries
+    cdef float* ao  # (qd,) attention output (weighted sums of v), before o_proj
+    cdef float* hb  # (mlp,) gate, then act(gate) * up
+    cdef float* hb2  # (mlp,) up
+    cdef float* rope_cos  # (2, hd/2): cos of this position's angles, global and local base
+    cdef float* rope_sin  # (2, hd/2)
+    cdef float* out  # (vocab,) logits
+    cdef float[::1] att  # (cache_len,) scores, then probabilities, of one head
+    cdef float[:, :, :, ::1] key_cache  # (n_layers, cache_len, nkv, hd), rotated keys
+    cdef float[:, :, :, ::1] value_cache  # (n_layers, cache_len, nkv, hd), raw values
+
+    # the trace of one position: embed, n_layers * the layer ops, final_norm, logits
+    cdef bint tracing
+    cdef float[::1] trace_buf
+    cdef Py_ssize_t op_offset[N_LAYER_OPS]  # of each layer op within a layer's block
+    cdef Py_ssize_t trace_stride  # floats per layer
+    cdef Py_ssize_t trace_head  # offset of final_norm (logits follow it)
+
+    cdef readonly int first_bad  # ALL_FINITE (-2), or where the last run went non-finite
+    cdef readonly object last_logits, cache_keys, cache_values, trace, trace_layout
+    cdef list _keep  # every array a pointer above points into
+
+    def __cinit__(self):
+        self.layers = NULL
+
+    def __dealloc__(self):
+        PyMem_Free(self.layers)
+
+    def __init__(self, weights, Py_ssize_t cache_len):
+        c = weights.config
+        if not 0 < cache_len <= c.max_seq_len:
+            raise ValueError(f"cache_len = {cache_len}, must be in [1, {c.max_seq_len}]")
+        self._keep = [weights]  # weights.keepalive holds the mapped file
+        keep = self._keep
+        self.n_layers, self.dim, self.n_heads, self.n_kv_heads = c.n_layers, c.dim, c.n_heads, c.n_kv_heads
+        self.head_dim, self.q_dim, self.kv_dim, self.mlp_dim = c.head_dim, c.q_dim, c.kv_dim, c.mlp_dim
+        self.vocab_size, self.cache_len = c.vocab_size, cache_len
+        self.norm_eps = c.norm_eps
+        self.one_plus = c.norm_gain == "one_plus"
+        self.gelu = c.activation == "gelu_tanh"
+        self.position_table = c.position_table
+        self.pairing = ROPE_INTERLEAVED if c.rope_pairing == "interleaved" else ROPE_HALF_SPLIT
+        self.embed_scale = c.embed_scale
+        self.scores_scale = c.scores_scale
+        self.attn_softcap = c.attn_softcap
+        self.final_softcap = c.final_softcap
+        self.rope_bases[0] = c.rope_base
+        self.rope_bases[1] = c.rope_base if c.rope_base_local is None else c.rope_base_local
+
+        self.embed_tokens = _qmatrix(weights["embed_tokens"], keep)
+        if c.position_table:
+            self.embed_positions = _qmatrix(weights["embed_positions"], keep)
+        self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(weights["lm_head"], keep)
+        self.final_gain = _gain(weights["final_norm"], keep)
+        self.layers = <LayerWeights*> PyMem_Malloc(c.n_layers * sizeof(LayerWeights))
+        if self.layers == NULL:
+            raise MemoryError("FastModel: no memory for the layer table")
+        cdef LayerWeights* w
+        for layer in range(c.n_layers):
+            w = &self.layers[layer]
+            p = f"layers.{layer}."
+            w.q_proj = _qmatrix(weights[p + "q_proj"], keep)
+            w.k_proj = _qmatrix(weights[p + "k_proj"], keep)
+            w.v_proj = _qmatrix(weights[p + "v_proj"], keep)
+            w.o_proj = _qmatrix(weights[p + "o_proj"], keep)
+            w.gate_proj = _qmatrix(weights[p + "gate_proj"], keep)
+            w.up_proj = _qmatrix(weights[p + "up_proj"], keep)
+            w.down_proj = _qmatrix(weights[p + "down_proj"], keep)
+            w.attn_norm = _gain(weights[p + "attn_norm"], keep)
+            w.ffn_norm = _gain(weights[p + "ffn_norm"], keep)
+            w.q_norm = _gain(weights[p + "q_norm"] if c.qk_norm else None, keep)
+            w.k_norm = _gain(weights[p + "k_norm"] if c.qk_norm else None, keep)
+            w.post_attn_norm = _gain(weights[p + "post_attn_norm"] if c.post_norms else None, keep)
+            w.post_ffn_norm = _gain(weights[p + "post_ffn_norm"] if c.post_norms else None, keep)
+            w.rope_table = 1 if c.is_local(layer) else 0
+            w.window = c.window(layer)
+
+        self.x, self.xb, self.xb2 = _f32(_zeros(c.dim), keep), _f32(_zeros(c.dim), keep), _f32(_zeros(c.dim), keep)
+        self.q, self.ao = _f32(_zeros(c.q_dim), keep), _f32(_zeros(c.q_dim), keep)
+        self.hb, self.hb2 = _f32(_zeros(c.mlp_dim), keep), _f32(_zeros(c.mlp_dim), keep)
+        self.rope_cos = _f32(_zeros(2 * (c.head_dim // 2)), keep)
+        self.rope_sin = _f32(_zeros(2 * (c.head_dim // 2)), keep)
+        logits = _zeros(c.vocab_size)
+        self.out = _f32(logits, keep)
+        self.att = _zeros(cache_len)
+        keys = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
+        values = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
+        self.key_cache, self.value_cache = keys, values
+        self.last_logits = _read_only_view(logits)
+        self.cache_keys, self.cache_values = _read_only_view(keys), _read_only_view(values)
+        self._lay_out_trace(c)
+        self.first_bad = ALL_FINITE
+
+    cdef int _lay_out_trace(self, object config) except -1:
+        """Offsets and shapes of every observed op in the trace of one position."""
+        sizes = {op: int(np.prod(op_shape(config, op))) for op in LAYER_TRACE_OPS}
+        offset = 0
+        for i, op in enumerate(LAYER_TRACE_OPS):
+            self.op_offset[i] = offset
+            offset += sizes[op]
+        self.trace_stride = offset
+        self.trace_head = self.dim + self.n_layers * self.trace_stride
+        layout = {(-1, "embed"): (0, op_shape(config, "embed"))}
+        for layer in range(self.n_layers):
+            for i, op in enumerate(LAYER_TRACE_OPS):
+                layout[layer, op] = (self.dim + layer * self.trace_stride + self.op_offset[i],
+                                     op_shape(config, op))
+        layout[self.n_layers, "final_norm"] = (self.trace_head, op_shape(config, "final_norm"))
+        layout[self.n_layers, "logits"] = (self.trace_head + self.dim, op_shape(config, "logits"))
+        buf = _zeros(self.trace_head + self.dim + self.vocab_size)
+        self.trace_buf = buf
+        self.trace = _read_only_view(buf)
+        self.trace_layout = layout  # (layer, op) -> (offset, shape)
+        return 0
+
+    def run(self, ids, Py_ssize_t pos, bint logits=True, bint trace=False):
+        """Run ``ids`` (int32 (n,), n >= 1) at positions pos .. pos+n-1, GIL
+        released. The logits are computed for the last position only, and only
+        when ``logits``; ``trace`` records every intermediate of the position
+        (one position per traced call). IndexError for an id outside the
+        vocabulary or a position outside the cache: the step never sees one.
+
+        Returns n when every position's activations stayed finite; else the
+        index i of the position that went non-finite (it ran whole; positions
+        after it did not run) and first_bad says where.
+        """
+        _array(ids, "ids", np.int32, (1,))
+        cdef const int32_t[::1] tv = ids
+        cdef Py_ssize_t n = tv.shape[0], i, done
+        if n == 0:
+            raise ValueError("run: ids is empty")
+        if trace and n != 1:
+            raise ValueError("run: a traced call runs one position (the trace holds one)")
+        if not 0 <= pos <= self.cache_len - n:
+            raise IndexError(f"run: positions {pos}..{pos + n - 1} outside the KV cache [0, {self.cache_len})")
+        for i in range(n):
+            if not 0 <= tv[i] < self.vocab_size:
+                raise IndexError(f"run: token id {tv[i]} outside the vocabulary [0, {self.vocab_size})")
+        self.tracing = trace
+        try:
+            with nogil:
+                done = self.steps(&tv[0], n, pos, logits)
+        finally:
+            self.tracing = False
+        return done
+
+    # -----------------------------------------------------------------------
+    # The forward pass (reads like reference/model.py and reference/layers.py)
+
+    cdef Py_ssize_t steps(self, const int32_t* ids, Py_ssize_t n, Py_ssize_t pos0,
+                          bint want_logits) except -1 nogil:
+        """Positions pos0 .. pos0+n-1 (prefill, or one decode step); logits of
+        the last only. Stops after a position that went non-finite."""
+        cdef Py_ssize_t i
+        for i in range(n):
+            self.forward(ids[i], pos0 + i, want_logits and i == n - 1)
+            if self.first_bad != ALL_FINITE:
+                return i
+        return n
+
+    cdef int forward(self, Py_ssize_t token, Py_ssize_t pos, bint want_logits) except -1 nogil:
+        """One position: x = embed; x = block(x) for each layer; final_norm;
+        logits (when want_logits) into self.out. Sets first_bad."""
+        cdef Py_ssize_t layer, half = self.head_dim // 2
+        cdef int table
+        self.first_bad = ALL_FINITE
+        for table in range(2):
+            k_rope_cos_sin(self.rope_cos + table * half, self.rope_sin + table * half,
+                           self.head_dim, pos, self.rope_bases[table])
+        self.embed(self.x, token, pos)  # (dim,)
+        self.observe(0, self.x, self.dim)
+        if not k_all_finite(self.x, self.dim):
+            self.first_bad = -1
+        for layer in range(self.n_layers):
+            self.block(self.x, &self.layers[layer], layer, pos)  # (dim,)
+            if self.first_bad == ALL_FINITE and not k_all_finite(self.x, self.dim):
+                self.first_bad = layer
+        self.final_norm(self.xb, self.x)  # (dim,)
+        self.observe(self.trace_head, self.xb, self.dim)
+        if want_logits:
+            self.logits(self.out, self.xb)  # (vocab,)
+            self.observe(self.trace_head + self.dim, self.out, self.vocab_size)
+            if self.first_bad == ALL_FINITE and not k_all_finite(self.out, self.vocab_size):
+                self.first_bad = self.n_layers
+        return 0
+
+    cdef int block(self, float* x, const LayerWeights* w, Py_ssize_t layer, Py_ssize_t pos) except -1 nogil:
+        """One transformer layer on x (dim,) in place:
+        x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x))."""
+        cdef Py_ssize_t dim = self.dim
+        self.rmsnorm(self.xb, x, w.attn_norm, dim)  # (dim,)
+        self.observe_layer(layer, OP_ATTN_NORM, self.xb, dim)
+        self.attention(self.xb2, self.xb, w, layer, pos)  # (dim,)
+        if w.post_attn_norm != NULL:
+            self.rmsnorm(self.xb2, self.xb2, w.post_attn_norm, dim)
+        self.observe_layer(layer, OP_ATTN, self.xb2, dim)
+        k_add(x, self.xb2, dim)
+        self.observe_layer(layer, OP_RESID_ATTN, x, dim)
+
+        self.rmsnorm(self.xb, x, w.ffn_norm, dim)  # (dim,)
+        self.observe_layer(layer, OP_FFN_NORM, self.xb, dim)
+        self.mlp(self.xb2, self.xb, w)  # (dim,)
+        if w.post_ffn_norm != NULL:
+            self.rmsnorm(self.xb2, self.xb2, w.post_ffn_norm, dim)
+        self.observe_layer(layer, OP_MLP, self.xb2, dim)
+        k_add(x, self.xb2, dim)
+        self.observe_layer(layer, OP_RESID_MLP, x, dim)
+        return 0
+
+    cdef inline void embed(self, float* out, Py_ssize_t token, Py_ssize_t pos) noexcept nogil:
+        """Token row * embed_scale (+ the learned position row): out (dim,).
+        Bit for bit the reference's: the same f32 products and sum."""
+        k_matrix_row(out, &self.embed_tokens, token)
+        if self.embed_scale != 1:
+            k_scale(out, self.embed_scale, self.dim)
+        if self.position_table:
+            k_matrix_row(self.xb2, &self.embed_positions, pos)
+            k_add(out, self.xb2, self.dim)
+
+    cdef inline void rmsnorm(self, float* out, const float* x, const float* gain, Py_ssize_t n) noexcept nogil:
+        """x / sqrt(mean(x^2) + eps) * g, or * (1 + g): x, gain, out (n,)."""
+        k_rmsnorm(out, x, gain, n, self.norm_eps, self.one_plus)
+
+    cdef inline void rope(self, float* x, Py_ssize_t n_heads, Py_ssize_t table) noexcept nogil:
+        """Rotates each head of x (n_heads, hd) in place by this position's
+        angles (table 0: global base, 1: local base)."""
+        cdef Py_ssize_t half = self.head_dim // 2
+        k_rope_apply(x, self.rope_cos + table * half, self.rope_sin + table * half,
+                     n_heads, self.head_dim, self.pairing)
+
+    cdef int attention(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t layer,
+                       Py_ssize_t pos) except -1 nogil:
+        """Self-attention of one layer at one position: xn (dim,) -> out (dim,).
+
+        k and v are computed straight into the cache slot of ``pos`` (rotated
+        key, raw value); query head h reads kv head h * nkv // nh over the
+        positions start .. pos of its window."""
+        cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads
+        cdef Py_ssize_t h, g, t, start, n_att
+        cdef float* k = &self.key_cache[layer, pos, 0, 0]  # (nkv, hd)
+        cdef float* v = &self.value_cache[layer, pos, 0, 0]  # (nkv, hd)
+        cdef float* qh
+        cdef float* aoh
+        k_matvec(self.q, &w.q_proj, x)  # (nh, hd)
+        k_matvec(k, &w.k_proj, x)
+        k_matvec(v, &w.v_proj, x)
+        if w.q_norm != NULL:
+            for h in range(nh):
+                self.rmsnorm(self.q + h * hd, self.q + h * hd, w.q_norm, hd)
+            for g in range(nkv):
+                self.rmsnorm(k + g * hd, k + g * hd, w.k_norm, hd)
+        self.rope(self.q, nh, w.rope_table)
+        self.rope(k, nkv, w.rope_table)
+        self.observe_layer(layer, OP_Q, self.q, nh * hd)
+        self.observe_layer(layer, OP_K, k, nkv * hd)
+        self.observe_layer(layer, OP_V, v, nkv * hd)
+
+        start = pos - w.window + 1 if w.window > 0 and pos - w.window + 1 > 0 else 0
+        n_att = pos + 1 - start
+        for h in range(nh):
+            g = h * nkv // nh
+            qh = self.q + h * hd
+            for t in range(start, pos + 1):
+                self.att[t - start] = k_dot_f32(qh, &self.key_cache[layer, t, g, 0], hd) * self.scores_scale
+            if self.attn_softcap > 0:
+                k_softcap(&self.att[0], n_att, self.attn_softcap)
+            k_softmax(&self.att[0], n_att)
+            aoh = self.ao + h * hd
+            memset(aoh, 0, hd * sizeof(float))
+            for t in range(start, pos + 1):
+                k_axpy(aoh, self.att[t - start], &self.value_cache[layer, t, g, 0], hd)
+        self.observe_layer(layer, OP_ATTN_OUT, self.ao, nh * hd)
+        k_matvec(out, &w.o_proj, self.ao)  # (dim,)
+        return 0
+
+    cdef inline void mlp(self, float* out, const float* x, const LayerWeights* w) noexcept nogil:
+        """Gated MLP: down(act(gate x) * (up x)); xn (dim,) -> out (dim,)."""
+        k_matvec(self.hb, &w.gate_proj, x)  # (mlp,)
+        k_matvec(self.hb2, &w.up_proj, x)  # (mlp,)
+        if self.gelu:
+            k_gelu_tanh_mul(self.hb, self.hb, self.hb2, self.mlp_dim)
+        else:
+            k_silu_mul(self.hb, self.hb, self.hb2, self.mlp_dim)
+        k_matvec(out, &w.down_proj, self.hb)  # (dim,)
+
+    cdef inline void final_norm(self, float* out, const float* x) noexcept nogil:
+        """RMSNorm with the final gain: (dim,) -> out (dim,)."""
+        self.rmsnorm(out, x, self.final_gain, self.dim)
+
+    cdef inline void logits(self, float* out, const float* x) noexcept nogil:
+        """lm_head . x, soft-capped when final_softcap > 0: (dim,) -> out (vocab,)."""
+        k_matvec(out, &self.lm_head, x)
+        if self.final_softcap > 0:
+            k_softcap(out, self.vocab_size, self.final_softcap)
+
+    # -----------------------------------------------------------------------
+    # Trace
+
+    cdef inline int observe(self, Py_ssize_t at, const float* value, Py_ssize_t n) except -1 nogil:
+        """Copy value (n,) to the trace at offset ``at`` when tracing."""
+        if self.tracing:
+            memcpy(&self.trace_buf[at], value, n * sizeof(float))
+        return 0
+
+    cdef inline int observe_layer(self, Py_ssize_t layer, LayerOp op, const float* value,
+                                  Py_ssize_t n) except -1 nogil:
+        return self.observe(self.dim + layer * self.trace_stride + self.op_offset[<int> op], value, n)
+

@@ -1,0 +1,468 @@
+"""The Cython forward pass (gemma_cy.fast_engine.FastEngine over the
+FastModel of each gemma_cy.simd_<isa> module this CPU runs) against the NumPy
+reference: layer by layer, token for token, errors for errors.
+
+Tolerances are SPEC Part C's, |fast - ref| <= atol + rtol*|ref|: default
+2e-3 / 1e-3; the embedding (dequantized rows) and the residual adds exact;
+token ids and sampled ids exact.
+
+How the intermediates are compared. Each op the fast engine reports is
+checked against the reference's layer function applied to the fast engine's
+own input of that op (its observed attn_norm for attention, its cached keys
+and values, ...): the two then differ by accumulation order only, which is
+what the tolerance is for. Whole free-running passes are compared too: every
+op on the hand-made configs; on the tiny seed fixture the logits and the
+normalized ops (attn_norm, ffn_norm, final_norm) of every position, and the
+logits of every greedy step. Not every op of the tiny fixture free-running: no f32
+engine can meet the per-element tolerance on its residual stream: its weights
+are unscaled standard normals (SPEC A3), the MLP output reaches ~2e4 and the
+residual adds cancel it down to ~1, so one f32 rounding of a 2e4 term is
+already past atol + rtol*|result|. Measured over 12 positions, the reference
+itself misses the tolerance against a float64 evaluation of the same model by
+up to 0.096 (mlp), 0.071 (resid_attn), 0.058 (resid_mlp); the fast engine
+against float64 by 0.037 (mlp), 0.059 (resid_mlp). Teacher-forced per op,
+every op is within tolerance.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gemma_cy import engines, ops
+from gemma_cy.api import Model
+from gemma_cy.config import ModelConfig
+from gemma_cy.errors import NumericalError, ParameterError, TokenIndexError
+from gemma_cy.fast_engine import FastEngine
+from gemma_cy.formats.gmw import read_gmw
+from gemma_cy.generation import Generation
+from gemma_cy.observe import LAYER_OPS, OBSERVED_OPS, observed_calls, op_shape
+from gemma_cy.quant import Int8Tensor
+from gemma_cy.sampling import Sampler
+from gemma_cy.tokenizer import GreedyTokenizer
+from gemma_cy.tolerance import DEFAULT
+from gemma_cy.weights import Weights
+from gemma_cy_reference import layers as L
+from gemma_cy_reference.generate import argmax
+from gemma_cy_reference.model import ReferenceEngine
+from test_kernels import AVAILABLE, ISA
+from test_reference import cached_weights
+
+ATOL, RTOL = DEFAULT  # SPEC Part C: 2e-3, 1e-3
+
+# Gemma 3's switches on small, SIMD-unfriendly sizes: dim 40 and head_dim 12
+# leave tails in every vector loop, q_dim 48 != dim, three layers with a
+# 4-position window on layers 0 and 1 (layer 2 global, another RoPE base).
+GEMMA3 = ModelConfig(
+    n_layers=3, dim=40, n_heads=4, n_kv_heads=2, head_dim=12, mlp_dim=72, vocab_size=100,
+    max_seq_len=48, activation="gelu_tanh", rope_pairing="half_split", rope_base=1e6,
+    rope_base_local=1e4, norm_gain="one_plus", position_table=False,
+    embed_scale=float(np.float32(math.sqrt(40))), qk_norm=True, post_norms=True,
+    sliding_window=4, sliding_window_pattern=3, tied_embeddings=True)
+# Gemma 2's switches on the same shape: soft-caps small enough to bite, a
+# query scale that is not 1/sqrt(head_dim), no q/k-norm, MHA, every layer local.
+GEMMA2 = GEMMA3.with_changes(qk_norm=False, attn_softcap=1.5, final_softcap=4.0, query_scale=0.2,
+                             n_kv_heads=4, sliding_window_pattern=0)
+CONFIGS = {"gemma3": GEMMA3, "gemma2": GEMMA2}
+CONFIG_IDS = [3, 17, 99, 0, 42, 42, 9, 31, 5, 20, 64, 1, 77, 8]  # longer than the window
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_path) -> Weights:
+    return read_gmw(str(tiny_model_path))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny, tiny_model_path) -> Model:
+    """Tokenizer (for prompts) over the tiny weights; its engine is not used."""
+    return Model(tiny, GreedyTokenizer.from_file(str(tiny_model_path) + ".tok"), "reference", 256)
+
+
+def within(actual, expected, what: str, atol: float = ATOL, rtol: float = RTOL) -> None:
+    np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol, err_msg=what)
+
+
+def record(engine, ids, run_decode: bool = True) -> dict:
+    """(layer, op, pos) -> value of every observer call while running ``ids``,
+    one decode per position (so every position has logits)."""
+    seen = {}
+
+    def observer(layer, op, pos, value):
+        seen[layer, op, pos] = value
+    if run_decode:
+        for token in ids:
+            engine.decode(token, observer)
+    else:
+        engine.prefill(ids, observer)
+    return seen
+
+
+# ---------------------------------------------------------------------------
+# (a, b) The forward pass, op by op
+
+
+def check_each_op_against_the_reference(weights: Weights, ids, isa: str) -> None:
+    """Every op of every position of the fast engine equals the reference's
+    layer function applied to the fast engine's own input of that op."""
+    c = weights.config
+    fast = FastEngine(weights, 64, isa)
+    got = record(fast, ids)
+    ref = ReferenceEngine(weights, 64)
+    w = ref.weights
+    cache = L.KVCache(c, 64)  # holds the fast engine's keys and values of earlier positions
+    one_plus = c.norm_gain == "one_plus"
+
+    def norm(x, gain):
+        return L.rmsnorm(x, gain, c.norm_eps, one_plus)
+    for pos, token in enumerate(ids):
+        def at(layer, op):
+            return got[layer, op, pos]
+        where = f"position {pos}"
+        np.testing.assert_array_equal(at(-1, "embed"), L.embed(w, token, pos, c), where)
+        x = at(-1, "embed")
+        for layer in range(c.n_layers):
+            lw = w.layers[layer]
+            where = f"position {pos} layer {layer}"
+            within(at(layer, "attn_norm"), norm(x, lw.attn_norm), where + " attn_norm")
+            inner = {}
+            L.attention(at(layer, "attn_norm"), lw, layer, pos, cache, c,
+                        lambda _l, op, _p, value: inner.__setitem__(op, value))
+            for op in ("q", "k", "v", "attn_out"):
+                within(at(layer, op), inner[op], f"{where} {op}")
+            cache.keys[layer, pos], cache.values[layer, pos] = at(layer, "k"), at(layer, "v")
+            a = lw.o_proj @ at(layer, "attn_out")  # attention's last line, on the fast attn_out
+            if c.post_norms:
+                a = norm(a, lw.post_attn_norm)
+            within(at(layer, "attn"), a, where + " attn")
+            np.testing.assert_array_equal(at(layer, "resid_attn"), x + at(layer, "attn"), where)
+            within(at(layer, "ffn_norm"), norm(at(layer, "resid_attn"), lw.ffn_norm), where + " ffn_norm")
+            m = L.mlp(at(layer, "ffn_norm"), lw, c)
+            if c.post_norms:
+                m = norm(m, lw.post_ffn_norm)
+            within(at(layer, "mlp"), m, where + " mlp")
+            np.testing.assert_array_equal(at(layer, "resid_mlp"), at(layer, "resid_attn") + at(layer, "mlp"),
+                                          where)
+            x = at(layer, "resid_mlp")
+        head = c.n_layers
+        within(at(head, "final_norm"), L.final_norm(x, w, c), f"position {pos} final_norm")
+        within(at(head, "logits"), L.logits(at(head, "final_norm"), w, c), f"position {pos} logits")
+
+
+@ISA
+def test_tiny_each_op_matches_the_reference_layer(isa, tiny):
+    ids = [2] + list(range(5, 1000, 41))  # 26 positions
+    check_each_op_against_the_reference(tiny, ids, isa)
+
+
+@ISA
+@pytest.mark.parametrize("name", CONFIGS)
+def test_gemma_switches_each_op_matches_the_reference_layer(isa, name):
+    check_each_op_against_the_reference(cached_weights(CONFIGS[name], 2), CONFIG_IDS, isa)
+
+
+@ISA
+@pytest.mark.parametrize("name", CONFIGS)
+def test_gemma_switches_free_running_every_op_within_tolerance(isa, name):
+    """Both engines run on their own: every op of every position agrees."""
+    weights = cached_weights(CONFIGS[name], 2)
+    got = record(FastEngine(weights, 64, isa), CONFIG_IDS)
+    want = record(ReferenceEngine(weights, 64), CONFIG_IDS)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if key[1] in ("embed",):
+            np.testing.assert_array_equal(got[key], value, str(key))
+        else:
+            within(got[key], value, str(key))
+
+
+@ISA
+def test_tiny_free_running_logits_within_tolerance(isa, tiny):
+    """Every position's logits, each engine on its own (see the module
+    docstring for why the tiny fixture's residual stream is not compared so)."""
+    ids = [2] + list(range(3, 1000, 37))
+    got = record(FastEngine(tiny, 256, isa), ids)
+    want = record(ReferenceEngine(tiny, 256), ids)
+    n = tiny.config.n_layers
+    for pos in range(len(ids)):
+        for layer, op in [(n, "final_norm"), (n, "logits")] + [(layer, op) for layer in range(n)
+                                                              for op in ("attn_norm", "ffn_norm")]:
+            within(got[layer, op, pos], want[layer, op, pos], f"position {pos} layer {layer} {op}")
+
+
+@ISA
+def test_trace_records_the_observed_layer_ops_in_order(isa):
+    assert ops.module_for(isa).LAYER_TRACE_OPS == LAYER_OPS
+
+
+def test_observer_sees_every_op_in_order_with_its_shape():
+    c = GEMMA3
+    engine = FastEngine(cached_weights(c, 2), 16)
+    calls = []
+    engine.prefill([1, 2], lambda layer, op, pos, value: calls.append((layer, op, pos, value)))
+    engine.decode(3, lambda layer, op, pos, value: calls.append((layer, op, pos, value)))
+    order = observed_calls(c.n_layers)
+    no_logits = [call for call in order if call[1] != "logits"]  # prefill: logits of the last only
+    assert [(layer, op) for layer, op, _, _ in calls] == no_logits + order + order
+    assert [pos for _, _, pos, _ in calls] == [0] * len(no_logits) + [1] * len(order) + [2] * len(order)
+    assert {op for _, op in order} == set(OBSERVED_OPS)
+    for _, op, _, value in calls:
+        assert value.dtype == np.float32 and value.shape == op_shape(c, op), op
+        assert not value.flags.writeable
+    kept = calls[0][3].copy()
+    engine.decode(4, lambda *call: None)
+    np.testing.assert_array_equal(calls[0][3], kept)  # an observer may keep what it saw
+
+
+def test_observer_does_not_change_the_result_and_kv_cache_holds_k_and_v():
+    weights = cached_weights(GEMMA3, 2)
+    ids = CONFIG_IDS[:6]
+    plain = FastEngine(weights, 16).prefill(ids)
+    engine = FastEngine(weights, 16)
+    seen = {}
+    observed = engine.prefill(ids, lambda layer, op, pos, value: seen.__setitem__((layer, op, pos), value))
+    np.testing.assert_array_equal(observed, plain)
+    np.testing.assert_array_equal(seen[GEMMA3.n_layers, "logits", 5], plain)
+    for layer in range(GEMMA3.n_layers):
+        np.testing.assert_array_equal(engine.model.cache_keys[layer, 4], seen[layer, "k", 4])
+        np.testing.assert_array_equal(engine.model.cache_values[layer, 4], seen[layer, "v", 4])
+
+
+# ---------------------------------------------------------------------------
+# (c, d) Generation: greedy and sampled, token for token
+
+PROMPTS = ["Once upon a time", "The cat sat on the mat", "1 2 3 4 5", "hello world, héllo wörld", ""]
+
+
+def greedy_both(weights: Weights, ids: list[int], n: int, isa: str) -> None:
+    """Greedy-decode ``n`` tokens on both engines; the ids must be equal, and
+    every step's logits within tolerance. A divergence reports the step, both
+    ids and the reference's top-1/top-2 margin."""
+    ref, fast = ReferenceEngine(weights, 256), FastEngine(weights, 256, isa)
+    want, got = ref.prefill(ids), fast.prefill(ids)
+    for step in range(n):
+        a, b = argmax(want), argmax(got)
+        top2 = np.sort(want)[-2:]
+        assert a == b, (f"{isa}: step {step}: reference id {a}, fast id {b}; "
+                        f"reference top-1/top-2 margin {top2[1] - top2[0]:.6g}")
+        within(got, want, f"{isa}: logits at step {step}")
+        want, got = ref.decode(a), fast.decode(b)
+    within(got, want, f"{isa}: final logits")
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_64_tokens_identical(prompt, tiny, tiny_model):
+    ids = tiny_model.prompt_ids(prompt)
+    for isa in AVAILABLE:
+        greedy_both(tiny, ids, 64, isa)
+
+
+def test_greedy_64_tokens_identical_chat_format(tiny, tiny_model):
+    ids = tiny_model.chat_ids("Tell me a story about a robot.")
+    assert len(ids) > 8
+    for isa in AVAILABLE:
+        greedy_both(tiny, ids, 64, isa)
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**40 + 3])
+def test_sampled_decode_identical(seed, tiny, tiny_model):
+    """Temperature + Min-P with a fixed seed: the same ids on both engines."""
+    ids = tiny_model.prompt_ids("Once upon a time")
+    runs = []
+    for engine in (ReferenceEngine(tiny, 256), FastEngine(tiny, 256)):
+        sampler = Sampler(temperature=0.9, min_p=0.05, seed=seed)
+        logits = engine.prefill(ids)
+        out = []
+        for _ in range(48):
+            out.append(sampler.sample(logits))
+            logits = engine.decode(out[-1])
+        runs.append(out)
+    assert runs[0] == runs[1]
+
+
+def test_generation_loop_runs_on_the_fast_engine(tiny, tiny_model):
+    """The shared generate loop over both engines: same text, same stop."""
+    results = []
+    for engine in (ReferenceEngine(tiny, 256), FastEngine(tiny, 256)):
+        gen = Generation(engine, tiny_model.tokenizer, Sampler(temperature=0.8, min_p=0.1, seed=3),
+                         tiny_model.prompt_ids("The cat"), 20)
+        text = "".join(step.text for step in gen)
+        results.append((gen.generated_ids, text, gen.stop_reason))
+    assert results[0] == results[1]
+
+
+# ---------------------------------------------------------------------------
+# (f) Prefill, decode, forward, reset
+
+
+@ISA
+def test_prefill_equals_decoding_one_by_one(isa, tiny):
+    """The same step runs both ways: bit for bit the same logits and cache."""
+    ids = [2, 40, 7, 900, 13, 13, 600, 1]
+    whole = FastEngine(tiny, 32, isa)
+    last = whole.prefill(ids)
+    stepwise = FastEngine(tiny, 32, isa)
+    stepwise.prefill(ids[:3])
+    for token in ids[3:]:
+        out = stepwise.decode(token)
+    np.testing.assert_array_equal(out, last)
+    assert whole.pos == stepwise.pos == len(ids)
+    np.testing.assert_array_equal(whole.model.cache_keys[:, :len(ids)], stepwise.model.cache_keys[:, :len(ids)])
+    np.testing.assert_array_equal(whole.model.cache_values[:, :len(ids)],
+                                  stepwise.model.cache_values[:, :len(ids)])
+
+
+def test_forward_rewinds_and_reset_starts_over():
+    engine = FastEngine(cached_weights(GEMMA3, 2), 16)
+    first = engine.prefill([1, 2, 3])
+    engine.prefill([4, 5])
+    assert engine.pos == 5
+    np.testing.assert_array_equal(engine.forward(3, 2), first)  # rewrites position 2
+    assert engine.pos == 3
+    engine.reset()
+    assert engine.pos == 0
+    np.testing.assert_array_equal(engine.prefill([1, 2, 3]), first)
+
+
+def test_logits_are_the_callers_copy():
+    engine = FastEngine(cached_weights(GEMMA3, 2), 16)
+    first = engine.prefill([1, 2, 3])
+    kept = first.copy()
+    engine.decode(9)
+    np.testing.assert_array_equal(first, kept)
+    first[:] = 0  # writable, and not the engine's buffer
+    assert np.any(engine.model.last_logits != 0)
+
+
+# ---------------------------------------------------------------------------
+# (e) Bad inputs: the same errors, with the same messages, as the reference
+
+
+def error_of(call) -> tuple[type, str]:
+    with pytest.raises(Exception) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+def bad_calls(engine):
+    return {
+        "token = vocab": lambda: engine.decode(GEMMA3.vocab_size),
+        "token -1": lambda: engine.prefill([1, -1]),
+        "token 10**6 in forward": lambda: engine.forward(10**6, 0),
+        "token not an int": lambda: engine.decode(2.0),
+        "pos = cache_len": lambda: engine.forward(1, 4),
+        "pos -1": lambda: engine.forward(1, -1),
+        "pos skips ahead": lambda: engine.forward(1, 3),
+        "prefill past the cache": lambda: engine.prefill([1, 2, 3, 4, 5]),
+        "empty prefill": lambda: engine.prefill([]),
+    }
+
+
+def test_bad_indices_raise_what_the_reference_raises():
+    weights = cached_weights(GEMMA3, 2)
+    fast, ref = FastEngine(weights, 4), ReferenceEngine(weights, 4)
+    fast.prefill([1, 2])
+    ref.prefill([1, 2])
+    fast_calls, ref_calls = bad_calls(fast), bad_calls(ref)
+    for name in fast_calls:
+        assert error_of(fast_calls[name]) == error_of(ref_calls[name]), name
+    assert fast.pos == ref.pos == 2  # nothing ran
+    kinds = {name: error_of(call)[0] for name, call in fast_calls.items()}
+    assert kinds["token = vocab"] is TokenIndexError and kinds["pos = cache_len"] is TokenIndexError
+    assert kinds["empty prefill"] is ValueError
+    fast.prefill([3, 4])  # fills the cache: the next decode is past it
+    with pytest.raises(TokenIndexError, match=r"position 4 outside the KV cache \[0, 4\)"):
+        fast.decode(1)
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, 2.5, "8"])
+def test_bad_max_cache_len_is_a_parameter_error(bad):
+    with pytest.raises(ParameterError, match="max_cache_len"):
+        FastEngine(cached_weights(GEMMA3, 2), bad)
+
+
+def test_cache_len_and_isa_choice():
+    weights = cached_weights(GEMMA3, 2)
+    assert FastEngine(weights, 5).cache_len == 5
+    assert FastEngine(weights, 10**6).cache_len == GEMMA3.max_seq_len
+    assert FastEngine(weights, 5).model.cache_keys.shape == (3, 5, 2, 12)
+    assert FastEngine(weights, 5).isa == ops.ISA
+    with pytest.raises(ParameterError, match="sse9"):
+        FastEngine(weights, 5, isa="sse9")
+
+
+@ISA
+def test_the_kernel_module_refuses_bad_indices_itself(isa):
+    """FastModel.run checks too (IndexError), for callers other than FastEngine."""
+    model = FastEngine(cached_weights(GEMMA3, 2), 8, isa).model
+    for ids, pos in [([100], 0), ([-1], 0), ([1], 8), ([1, 2], 7), ([1], -1)]:
+        with pytest.raises(IndexError):
+            model.run(np.array(ids, np.int32), pos)
+    with pytest.raises(TypeError):
+        model.run(np.array([1], np.int64), 0)
+    with pytest.raises(ValueError):
+        model.run(np.array([1, 2], np.int32), 0, trace=True)
+    with pytest.raises(ValueError):
+        model.run(np.array([], np.int32), 0)
+
+
+def with_tensor(weights: Weights, name: str, q=None, scale=None) -> Weights:
+    tensors = dict(weights.tensors)
+    old = tensors[name]
+    tensors[name] = Int8Tensor(q=old.q if q is None else q, scale=np.float32(old.scale if scale is None else scale))
+    return Weights(weights.config, tensors)
+
+
+@ISA
+@pytest.mark.parametrize("name,scale,where", [
+    ("layers.1.down_proj", float("nan"), "layer 1"),
+    ("layers.0.q_proj", float("nan"), "layer 0"),
+    ("embed_tokens", float("inf"), "the embedding"),
+])
+def test_non_finite_weights_raise_numerical_error(isa, tiny, name, scale, where):
+    with np.errstate(invalid="ignore"):
+        engine = FastEngine(with_tensor(tiny, name, scale=scale), 16, isa)
+    with pytest.raises(NumericalError, match=rf"position 0 .*{where}"):
+        engine.prefill([1, 2, 3])
+    assert engine.pos == 0
+    with pytest.raises(NumericalError, match=rf"position 0 .*{where}"):
+        engine.decode(1, lambda *call: None)  # with an observer: the same
+
+
+def test_non_finite_output_head_is_found_where_logits_are_computed(tiny):
+    """A NaN lm_head leaves the residual stream finite: prefill computes logits
+    at its last position only, so that is the position named (the reference
+    names position 0, where it computed logits first)."""
+    engine = FastEngine(with_tensor(tiny, "lm_head", scale=float("nan")), 16)
+    with pytest.raises(NumericalError, match="position 2 .*the output head"):
+        engine.prefill([1, 2, 3])
+    assert engine.pos == 2
+    engine.reset()
+    with pytest.raises(NumericalError, match="position 0 .*the output head"):
+        engine.decode(1)
+
+
+def test_numerical_error_names_the_position_where_it_starts(tiny):
+    """Only position 2's row of the position table overflows f32."""
+    q = np.zeros(tiny["embed_positions"].shape, dtype=np.int8)
+    q[2] = 127
+    engine = FastEngine(with_tensor(tiny, "embed_positions", q=q, scale=3e36), 16)  # 127 * 3e36 > f32 max
+    engine.prefill([1, 2])
+    with pytest.raises(NumericalError, match="position 2 .*the embedding"):
+        engine.decode(40)
+    assert engine.pos == 2
+    engine.reset()
+    seen = []
+    with pytest.raises(NumericalError, match="position 2 .*the embedding"):
+        engine.prefill([1, 2, 3, 4], lambda layer, op, pos, value: seen.append(pos))
+    assert engine.pos == 2 and max(seen) == 2  # the bad position was observed, the next did not run
+
+
+# ---------------------------------------------------------------------------
+# Engine selection
+
+
+def test_fast_is_the_default_engine(tiny):
+    assert engines.DEFAULT_ENGINE == "fast"
+    assert isinstance(engines.make_engine("fast", tiny, 64), FastEngine)
+    assert isinstance(engines.make_engine("reference", tiny, 64), ReferenceEngine)
