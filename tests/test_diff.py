@@ -45,7 +45,7 @@ def test_a_perturbed_layer_is_flagged(tiny):
     # input, nor the residual sum the engine really computed from the unnudged one
     assert bad == [(1, "mlp"), (1, "resid_mlp")]
     assert not report.ok
-    small = diff(ReferenceEngine(tiny, 64), Perturbed(tiny, 64, (1, "mlp"), 1e-4), [2, 50, 60], 2)
+    small = diff(ReferenceEngine(tiny, 64), Perturbed(tiny, 64, (1, "attn_norm"), 1e-4), [2, 50, 60], 2)
     assert small.layers_ok  # a relative 1e-4 is inside rtol 1e-3
 
 
