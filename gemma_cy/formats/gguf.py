@@ -865,3 +865,30 @@ def read_gguf(path) -> Weights:
     except ModelFormatError:
         _close_quietly(gf.mm)
         raise
+
+
+def read_gguf_f32(path) -> Weights:
+    """Read any supported Gemma 3 GGUF (Q4_K, Q5_0, Q6_K, Q8_0, F16, F32...)
+    with every tensor dequantized to f32 (``F32Tensor``, owned arrays): the
+    original weights as HF transformers sees them, for the reference engine's
+    checks against an independent implementation. Not zero-copy (Gemma 3
+    270M takes ~1.1 GB)."""
+    from ..ggml_quants import dequantize
+
+    gf = parse_gguf(path)
+    try:
+        config = gguf_config(gf)
+        names = check_model_tensors(gf, config)
+        tensors = {}
+        for g, w in names.items():
+            t = gf.tensors[g]
+            try:
+                values = dequantize(gf.raw(g), t.ggml_type, t.shape)
+                tensors[w] = F32Tensor(np.require(values, np.float32, ["C", "O"]))  # own it: the map closes
+            except ValueError as e:
+                raise ModelFormatError(f"{gf.path}: tensor {g!r} ({t.type_name}): {e}") from None
+            if not np.all(np.isfinite(tensors[w].data)):
+                raise ModelFormatError(f"{gf.path}: tensor {g!r} holds NaN or Inf")
+        return Weights(config=config, tensors=tensors, source=gf.path)
+    finally:
+        _close_quietly(gf.mm)
