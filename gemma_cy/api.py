@@ -21,6 +21,7 @@ from .tokenizer import GreedyTokenizer
 from .weights import Weights
 
 CHAT_USER_TEMPLATE = "<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n"
+CHAT_TURN_END = "<end_of_turn>\n"  # closes the model's turn before the next user turn
 STOP_PIECES = ("<end_of_turn>",)  # chat turns end here (SPEC B); stop on it as on <eos>
 
 
@@ -112,11 +113,15 @@ class Model:
         """Text of ``ids`` (control tokens give nothing)."""
         return self.tokenizer.decode(list(ids))
 
-    def chat_ids(self, prompt: str) -> list[int]:
+    def chat_ids(self, prompt: str, first_turn: bool = True) -> list[int]:
         """``<bos>`` + one user turn in Gemma's template, ready for the model's reply.
-        The template's markers are control tokens; the user's text is plain text."""
+        The template's markers are control tokens; the user's text is plain text.
+        A later turn of a chat that kept its KV cache (``first_turn=False``)
+        has no ``<bos>`` and first closes the model's previous turn: generation
+        stops on ``<end_of_turn>`` without feeding it to the cache."""
         before, after = CHAT_USER_TEMPLATE.split("{prompt}")
-        return ([self.tokenizer.bos_id]
+        start = [self.tokenizer.bos_id] if first_turn else self.tokenizer.encode(CHAT_TURN_END, parse_special=True)
+        return (start
                 + self.tokenizer.encode(before, parse_special=True)
                 + self.tokenizer.encode(prompt, parse_special=False)
                 + self.tokenizer.encode(after, parse_special=True))

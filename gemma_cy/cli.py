@@ -109,6 +109,42 @@ def prompt_source(args) -> bytes | list[int]:
     return os.fsencode(args.prompt or "")
 
 
+def chat_loop(model, args, read_line=input, out=None) -> int:
+    """Interactive multi-turn chat in Gemma's template, keeping the KV cache
+    across turns. Ctrl-C while the model answers returns to the prompt;
+    Ctrl-C (or EOF) at the prompt exits. When the context is full the chat
+    starts over (and says so)."""
+    out = out or sys.stdout
+    sys.stderr.write(f"chat with {model.weights.source} (Ctrl-C stops an answer; Ctrl-C or Ctrl-D at the "
+                     f"prompt exits)\n")
+    first_turn = True
+    while True:
+        try:
+            line = read_line("> ")
+        except EOFError:
+            out.write("\n")
+            return 0
+        except KeyboardInterrupt:
+            out.write("\n")
+            return EXIT_INTERRUPTED
+        ids = model.chat_ids(line, first_turn=first_turn)
+        if model.engine.pos + len(ids) >= model.context_len:
+            sys.stderr.write(f"(context of {model.context_len} tokens is full: starting a new chat)\n")
+            first_turn = True
+            ids = model.chat_ids(line)
+        gen = model.generate(ids, n_dec=args.n_dec, temperature=args.temp, min_p=args.minp, top_k=args.topk,
+                             top_p=args.topp, seed=args.seed, keep_cache=not first_turn)
+        first_turn = False
+        try:
+            for step in gen:
+                out.write(step.text)
+                out.flush()
+        except KeyboardInterrupt:
+            gen.stop_reason = "interrupted"
+        out.write("\n")
+        write_stats(gen, sys.stderr)
+
+
 def run(args) -> int:
     from . import api
     from .presets import check_preset
@@ -127,6 +163,8 @@ def run(args) -> int:
         dump_model(model, sys.stdout)
         return 0
 
+    if args.prompt is None and args.prompt_ids is None and sys.stdin.isatty() and not args.json:
+        return chat_loop(model, args)
     prompt = prompt_source(args)
     ids = model.prompt_ids(prompt, chat_format=bool(args.chat_format), parse_special=bool(args.parse_special))
     gen = model.generate(ids, n_dec=args.n_dec, temperature=args.temp, min_p=args.minp,

@@ -200,3 +200,38 @@ def test_ctrl_c_flushes_partial_text_and_exits_130(tiny_model_path, monkeypatch,
     assert code == 130
     assert captured.out  # the 5 tokens produced before the interrupt were printed
     assert "stop: interrupted" in captured.err
+
+
+def test_chat_loop_keeps_the_cache_across_turns(tiny_model_path, capsys):
+    """Two turns: the second continues the first's KV cache, closing the
+    model's turn with <end_of_turn> and adding no second <bos>."""
+    import io
+    import gemma_cy
+    from gemma_cy import cli as cli_module
+
+    model = gemma_cy.load(tiny_model_path)
+    lines = iter(["hello there", "and again"])
+    fed = []
+    real_prefill = model.engine.prefill
+
+    def recording_prefill(ids, observer=None):
+        fed.append((model.engine.pos, list(ids)))
+        return real_prefill(ids, observer)
+
+    model.engine.prefill = recording_prefill
+
+    def read_line(prompt):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    args = cli_module.build_parser().parse_args(["--n_dec", "5", "--temp", "0", "--terminate_on_eos", "0"])
+    out = io.StringIO()
+    assert cli_module.chat_loop(model, args, read_line=read_line, out=out) == 0
+    (start1, ids1), (start2, ids2) = fed
+    tok = model.tokenizer
+    assert start1 == 0 and ids1 == model.chat_ids("hello there")
+    assert start2 == len(ids1) + 5 - 1  # the last generated token is sampled, not fed
+    assert ids2[0] == tok.token_id("<end_of_turn>") and tok.bos_id not in ids2
+    assert ids2 == model.chat_ids("and again", first_turn=False)
