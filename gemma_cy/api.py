@@ -15,7 +15,7 @@ from .engines import DEFAULT_ENGINE, make_engine
 from .errors import ModelFormatError, ParameterError, TokenIndexError
 from .formats.gguf import read_gguf
 from .formats.gmw import read_gmw
-from .generation import Generation, Observer, check_prompt_fits
+from .generation import Generation, Observer
 from .sampling import Sampler
 from .tokenizer import GreedyTokenizer
 from .weights import Weights

@@ -216,6 +216,7 @@ def run_diff(args) -> int:
     greedy tokens agree, 1 otherwise."""
     from . import api
     from .diff import diff_engines
+    from .generation import check_prompt_fits
 
     if args.n_dec < 0:
         raise ParameterError(f"--n_dec = {args.n_dec}, must be >= 0")
@@ -225,7 +226,7 @@ def run_diff(args) -> int:
     model = api.load(args.weights, args.tok_path, engine=names[0], max_cache_len=args.max_cache_len)
     source = args.prompt_ids if args.prompt_ids is not None else os.fsencode(args.prompt)
     ids = model.prompt_ids(source, chat_format=bool(args.chat_format))
-    api.check_prompt_fits(len(ids), 0, model.context_len)
+    check_prompt_fits(len(ids), 0, model.context_len)
     report = diff_engines(model.weights, ids, args.n_dec, args.max_cache_len, names)
     sys.stdout.write(f"prompt: {len(ids)} tokens; engines: {names[0]} (reference) vs {names[1]}\n")
     sys.stdout.write(report.format() + "\n")

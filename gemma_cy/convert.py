@@ -16,15 +16,13 @@ the tensors its metadata implies, with the right shapes.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 from typing import Callable
 
 import numpy as np
 
-from .errors import GemmaCyError, ModelFormatError
+from .errors import ModelFormatError
 from .formats.gguf import (UINT32, Field, TensorData, TensorInfo, check_model_tensors, gguf_config,
                            parse_gguf, write_gguf)
 from .ggml_quants import DEQUANTIZABLE, F32, GGML_TYPES, Q8_0, dequantize, is_exact_in_q8_0, to_q8_0

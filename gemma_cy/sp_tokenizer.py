@@ -35,13 +35,12 @@ decodes with a space there (as in every SentencePiece Gemma tokenizer).
 from __future__ import annotations
 
 import math
-import operator
 import os
 import re
 import struct
 
-from .errors import ModelFormatError, TokenIndexError
-from .tokenizer import StreamDecoder, _build_trie, _longest_match, text_to_bytes
+from .errors import ModelFormatError
+from .tokenizer import PieceTable, _build_trie, _longest_match, text_to_bytes
 
 # GGUF token types (llama.cpp's llama_token_type), the same numbers as
 # SentencePiece's ModelProto.SentencePiece.Type.
@@ -170,7 +169,7 @@ def build_model_proto(pieces: list[bytes], scores: list[float], types: list[int]
     return b"".join(parts)
 
 
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(PieceTable):
     """Gemma's SentencePiece BPE tokenizer over a GGUF vocab.
 
     Offers what ``GreedyTokenizer`` offers: ``encode`` (no BOS), ``decode``,
@@ -333,43 +332,3 @@ class SentencePieceTokenizer:
         if done < len(text):
             ids += self._sp.encode(text[done:])
         return ids
-
-    def _check_id(self, token_id) -> int:
-        try:
-            token = operator.index(token_id)
-        except TypeError:
-            raise TypeError(f"token id must be an integer, not {type(token_id).__name__}") from None
-        if not 0 <= token < self.vocab_size:
-            raise TokenIndexError(f"token id {token} out of range [0, vocab_size {self.vocab_size})")
-        return token
-
-    def piece_bytes(self, token_id: int) -> bytes:
-        """What one id decodes to, as bytes (b"" for a control token)."""
-        return self._out[self._check_id(token_id)]
-
-    def decode_bytes(self, ids) -> bytes:
-        """The decoded pieces of ``ids`` concatenated; control tokens give nothing."""
-        out = self._out
-        n = self.vocab_size
-        parts = []
-        for token_id in ids:
-            if type(token_id) is not int or not 0 <= token_id < n:
-                token_id = self._check_id(token_id)
-            parts.append(out[token_id])
-        return b"".join(parts)
-
-    def decode(self, ids) -> str:
-        """``decode_bytes(ids)`` as text; invalid UTF-8 becomes U+FFFD."""
-        return self.decode_bytes(ids).decode("utf-8", "replace")
-
-    def stream_decoder(self) -> StreamDecoder:
-        """A decoder fed one id at a time that never splits a character."""
-        return StreamDecoder(self)
-
-    def token_id(self, piece: str | bytes) -> int | None:
-        """Id of the token whose piece (as the GGUF spells it) is exactly ``piece``, or None."""
-        return self._ids.get(text_to_bytes(piece))
-
-    def is_control(self, token_id: int) -> bool:
-        """True if ``token_id`` is a control (or the unknown) token: it decodes to nothing."""
-        return self._control[self._check_id(token_id)]

@@ -98,7 +98,60 @@ def _longest_match(root: dict, data: bytes, start: int) -> tuple[int, int]:
     return best_id, best_end
 
 
-class GreedyTokenizer:
+class PieceTable:
+    """What every tokenizer shares once its pieces are known: id checks and
+    decoding. A subclass sets ``vocab_size``, ``_out`` (id -> the bytes it
+    decodes to, b"" for control tokens), ``_ids`` (piece -> first id) and
+    ``_control`` (id -> bool)."""
+
+    vocab_size: int
+    _out: list[bytes]
+    _ids: dict[bytes, int]
+    _control: list[bool]
+
+    def _check_id(self, token_id) -> int:
+        try:
+            token = operator.index(token_id)
+        except TypeError:
+            raise TypeError(f"token id must be an integer, not {type(token_id).__name__}") from None
+        if not 0 <= token < self.vocab_size:
+            raise TokenIndexError(f"token id {token} out of range [0, vocab_size {self.vocab_size})")
+        return token
+
+    def piece_bytes(self, token_id: int) -> bytes:
+        """What one id decodes to, as bytes (b"" for a control token)."""
+        return self._out[self._check_id(token_id)]
+
+    def decode_bytes(self, ids) -> bytes:
+        """The pieces of ``ids`` concatenated; control tokens give nothing."""
+        out = self._out
+        n = self.vocab_size
+        parts = []
+        for token_id in ids:
+            if type(token_id) is not int or not 0 <= token_id < n:
+                token_id = self._check_id(token_id)
+            parts.append(out[token_id])
+        return b"".join(parts)
+
+    def decode(self, ids) -> str:
+        """``decode_bytes(ids)`` as text; invalid UTF-8 becomes U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", "replace")
+
+    def stream_decoder(self) -> StreamDecoder:
+        """A decoder fed one id at a time that never splits a character."""
+        return StreamDecoder(self)
+
+    def token_id(self, piece: str | bytes) -> int | None:
+        """Id of the piece exactly equal to ``piece`` (first one; as the file
+        spells it), or None."""
+        return self._ids.get(text_to_bytes(piece))
+
+    def is_control(self, token_id: int) -> bool:
+        """True if ``token_id`` is a control token (decodes to nothing)."""
+        return self._control[self._check_id(token_id)]
+
+
+class GreedyTokenizer(PieceTable):
     """Greedy longest-match tokenizer over a ``Vocab`` (the seed's algorithm).
 
     Control pieces (``<eos>``, ``<start_of_turn>``...) are matched only with
@@ -156,46 +209,6 @@ class GreedyTokenizer:
                 append(token)
                 i = end
         return ids
-
-    def _check_id(self, token_id) -> int:
-        try:
-            token = operator.index(token_id)
-        except TypeError:
-            raise TypeError(f"token id must be an integer, not {type(token_id).__name__}") from None
-        if not 0 <= token < self.vocab_size:
-            raise TokenIndexError(f"token id {token} out of range [0, vocab_size {self.vocab_size})")
-        return token
-
-    def piece_bytes(self, token_id: int) -> bytes:
-        """What one id decodes to, as bytes (b"" for a control token)."""
-        return self._out[self._check_id(token_id)]
-
-    def decode_bytes(self, ids) -> bytes:
-        """The pieces of ``ids`` concatenated; control tokens give nothing."""
-        out = self._out
-        n = self.vocab_size
-        parts = []
-        for token_id in ids:
-            if type(token_id) is not int or not 0 <= token_id < n:
-                token_id = self._check_id(token_id)
-            parts.append(out[token_id])
-        return b"".join(parts)
-
-    def decode(self, ids) -> str:
-        """``decode_bytes(ids)`` as text; invalid UTF-8 becomes U+FFFD."""
-        return self.decode_bytes(ids).decode("utf-8", "replace")
-
-    def stream_decoder(self) -> StreamDecoder:
-        """A decoder fed one id at a time that never splits a character."""
-        return StreamDecoder(self)
-
-    def token_id(self, piece: str | bytes) -> int | None:
-        """Id of the piece exactly equal to ``piece`` (first one), or None."""
-        return self._ids.get(text_to_bytes(piece))
-
-    def is_control(self, token_id: int) -> bool:
-        """True if ``token_id`` is a control token (decodes to nothing)."""
-        return self._control[self._check_id(token_id)]
 
 
 class StreamDecoder:

@@ -38,7 +38,6 @@ import math
 import mmap
 import os
 import re
-import stat
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -47,6 +46,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFormatError
+from .mapped import map_file
 from ..ggml_quants import GGML_TYPE_IDS, GGML_TYPES
 from ..quant import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from ..weights import Weights, expected_shapes
@@ -152,7 +152,7 @@ def parse_gguf(path) -> GGUFFile:
     file, the field, the value found and the rule for any breach (module
     docstring). Zero-copy: tensors and numeric arrays are views of the map."""
     name = os.fspath(path)
-    mm = _map_file(name)
+    mm = map_file(name, "GGUF", HEADER_SIZE)
     try:
         return _Parser(name, mm).parse()
     except ModelFormatError:
@@ -167,35 +167,6 @@ def _close_quietly(mm: mmap.mmap) -> None:
         mm.close()
     except BufferError:
         pass
-
-
-def _map_file(name: str) -> mmap.mmap:
-    """Open ``name`` (a regular file, at least a header long) and map it read-only."""
-    try:
-        # O_NONBLOCK: opening a FIFO must not hang before fstat can refuse it.
-        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise ModelFormatError(f"{name}: no such file") from None
-    except OSError as e:
-        raise ModelFormatError(f"{name}: cannot open: {e.strerror}") from None
-    except ValueError as e:  # e.g. a NUL byte in the path
-        raise ModelFormatError(f"{name!r}: cannot open: {e}") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ModelFormatError(f"{name}: is a directory, expected a GGUF file")
-        if not stat.S_ISREG(st.st_mode):
-            raise ModelFormatError(f"{name}: not a regular file, expected a GGUF file")
-        if st.st_size < HEADER_SIZE:
-            raise ModelFormatError(
-                f"{name}: truncated header: file has {st.st_size} bytes, the GGUF header is "
-                f"{HEADER_SIZE} bytes")
-        try:
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as e:
-            raise ModelFormatError(f"{name}: cannot map the file: {e}") from None
-    finally:
-        os.close(fd)
 
 
 class _Parser:

@@ -15,13 +15,13 @@ from __future__ import annotations
 import math
 import mmap
 import os
-import stat
 import struct
 
 import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFormatError
+from .mapped import map_file
 from ..quant import Int8Tensor
 from ..weights import Weights
 
@@ -105,7 +105,7 @@ def read_gmw(path) -> Weights:
     scale. A zero scale is accepted: that tensor dequantizes to zeros.
     """
     name = os.fspath(path)
-    mm = _map_file(name)
+    mm = map_file(name, "GMW1", HEADER_SIZE)
     try:
         config = _parse_header(name, mm)
         tensors = _tensors(name, mm, config)
@@ -113,35 +113,6 @@ def read_gmw(path) -> Weights:
         mm.close()  # no array views exist yet: _tensors checks every scale first
         raise
     return Weights(config=config, tensors=tensors, source=name, keepalive=[mm])
-
-
-def _map_file(name: str) -> mmap.mmap:
-    """Open ``name`` (a regular file, at least a header long) and map it read-only."""
-    try:
-        # O_NONBLOCK: opening a FIFO must not hang before fstat can refuse it.
-        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise ModelFormatError(f"{name}: no such file") from None
-    except OSError as e:
-        raise ModelFormatError(f"{name}: cannot open: {e.strerror}") from None
-    except ValueError as e:  # e.g. a NUL byte in the path
-        raise ModelFormatError(f"{name!r}: cannot open: {e}") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ModelFormatError(f"{name}: is a directory, expected a GMW1 file")
-        if not stat.S_ISREG(st.st_mode):
-            raise ModelFormatError(f"{name}: not a regular file, expected a GMW1 file")
-        if st.st_size < HEADER_SIZE:
-            raise ModelFormatError(
-                f"{name}: truncated header: file has {st.st_size} bytes, "
-                f"the GMW1 header is {HEADER_SIZE} bytes")
-        try:
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as e:
-            raise ModelFormatError(f"{name}: cannot map the file: {e}") from None
-    finally:
-        os.close(fd)
 
 
 def _parse_header(name: str, mm: mmap.mmap) -> ModelConfig:

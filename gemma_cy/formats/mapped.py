@@ -1,0 +1,40 @@
+"""Opening a model file read-only and memory-mapping it, with one-line errors
+(every loader uses this, so a FIFO, a directory or a short file is refused the
+same way whatever the format)."""
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+
+from ..errors import ModelFormatError
+
+
+def map_file(name: str, kind: str, header_size: int) -> mmap.mmap:
+    """Open ``name`` (a regular file of at least ``header_size`` bytes, a
+    ``kind`` file such as "GMW1") and map it read-only."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not hang before fstat can refuse it.
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise ModelFormatError(f"{name}: no such file") from None
+    except OSError as e:
+        raise ModelFormatError(f"{name}: cannot open: {e.strerror}") from None
+    except ValueError as e:  # e.g. a NUL byte in the path
+        raise ModelFormatError(f"{name!r}: cannot open: {e}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ModelFormatError(f"{name}: is a directory, expected a {kind} file")
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelFormatError(f"{name}: not a regular file, expected a {kind} file")
+        if st.st_size < header_size:
+            raise ModelFormatError(
+                f"{name}: truncated header: file has {st.st_size} bytes, the {kind} header is "
+                f"{header_size} bytes")
+        try:
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise ModelFormatError(f"{name}: cannot map the file: {e}") from None
+    finally:
+        os.close(fd)
