@@ -51,8 +51,10 @@ def extension(name: str, sources: list[str], extra_args: tuple[str, ...] = (),
 MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
 SIMD_FLAGS: dict[str, tuple[str, ...]] = {"generic": ()}
 if MACHINE == "x86_64":
-    SIMD_FLAGS["avx2"] = ("-mavx2", "-mfma")
-    SIMD_FLAGS["avx512"] = ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl")
+    # F16C converts the Q8_0 block scales; every AVX2 and AVX-512 CPU has it
+    # (gemma_cy.cpu_features checks it with the rest).
+    SIMD_FLAGS["avx2"] = ("-mavx2", "-mfma", "-mf16c")
+    SIMD_FLAGS["avx512"] = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl")
 elif MACHINE == "aarch64":
     SIMD_FLAGS["neon"] = ()
 

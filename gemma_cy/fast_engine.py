@@ -83,13 +83,15 @@ class FastEngine:
     def _run(self, ids: list[int], start: int, observer: Observer | None) -> np.ndarray:
         """Positions start .. start+len(ids)-1, inputs already checked: one
         call without an observer; one traced call per position with one."""
-        tokens = np.array(ids, dtype=np.int32)
         n = len(ids)
         if observer is None:
-            done = self.model.run(tokens, start)
+            # one id (a decode step): no ids array to build and check
+            done = self.model.run_token(ids[0], start) if n == 1 else \
+                self.model.run(np.array(ids, dtype=np.int32), start)
             if done < n:
                 self._fail(start, start + done)
         else:
+            tokens = np.array(ids, dtype=np.int32)
             for i in range(n):
                 last = i == n - 1
                 done = self.model.run(tokens[i:i + 1], start + i, logits=last, trace=True)

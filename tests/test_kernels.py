@@ -160,14 +160,29 @@ def test_gemv_i8_model_widths(isa, rows, cols):
 
 
 @ISA
-def test_gemv_i8_rows_are_dot_products(isa):
-    """One kernel, one order: each row of the GEMV equals dot_i8 bit for bit."""
+@pytest.mark.parametrize("resident", [False, True])
+def test_gemv_i8_rows_are_dot_products(isa, resident):
+    """One kernel, one order: each row of the GEMV equals dot_i8 bit for bit,
+    whether the module runs it row by row or several rows at once (resident)."""
     m = kernels(isa)
     rng = np.random.default_rng(5)
-    q = int8_at(rng.integers(-128, 128, (13, 77)).astype(np.int8), 1)
-    x = rng.uniform(-1, 1, 77).astype(np.float32)
-    out = m.gemv_i8(q, 0.003, x)
-    assert [float(v) for v in out] == [m.dot_i8(q[r], x, 0.003) for r in range(13)]
+    for rows, cols in [(13, 77), (8, 256), (3, 40), (9, 1000)]:
+        q = int8_at(rng.integers(-128, 128, (rows, cols)).astype(np.int8), 1)
+        x = rng.uniform(-1, 1, cols).astype(np.float32)
+        out = m.gemv_i8(q, 0.003, x, resident=resident)
+        assert [float(v) for v in out] == [m.dot_i8(q[r], x, 0.003) for r in range(rows)]
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), rows=st.integers(1, 24), cols=st.integers(1, N_MAX), offset=st.integers(0, 63),
+       scale=st.floats(1e-4, W_MAX / 128).map(np.float32))
+def test_gemv_i8_resident_matches_numpy(isa, data, rows, cols, offset, scale):
+    """The in-cache kernel: any shape (rows not a multiple of 4, column tails), any offset."""
+    q = read_only(int8_at(data.draw(hnp.arrays(np.int8, (rows, cols))), offset))
+    x = read_only(data.draw(hnp.arrays(np.float32, cols, elements=st.floats(-X_MAX, X_MAX, width=32))))
+    out = kernels(isa).gemv_i8(q, scale, x, resident=True)
+    assert_close(out, (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale))
 
 
 @ISA
@@ -176,6 +191,158 @@ def test_gemv_i8_empty(isa):
     assert m.gemv_i8(np.zeros((0, 5), np.int8), 1.0, np.ones(5, np.float32)).shape == (0,)
     np.testing.assert_array_equal(m.gemv_i8(np.zeros((3, 0), np.int8), 1.0, np.ones(0, np.float32)), 0)
     assert m.dot_i8(np.zeros(0, np.int8), np.zeros(0, np.float32), 1.0) == 0.0
+
+
+# ---------------------------------------------------------------------------
+# Q8_0 (llama.cpp's blocks of 32 int8 with one f16 scale): dot, GEMV, dequantize
+#
+# A row is n_blocks blocks of 34 bytes (f16 d, then 32 int8 q), back to back;
+# in a GGUF file the tensor starts 32-byte aligned but its rows and blocks
+# start at any address, so the tests place them at every byte offset. The
+# expected values are computed here in float64 from the bytes:
+# sum_b f64(d_b) * sum_i q_b[i] * x[32 b + i].
+
+Q8_0_BYTES = 34
+
+
+def q8_0_blocks(rng: np.random.Generator, shape: tuple[int, ...], d_max: float) -> np.ndarray:
+    """Random Q8_0 blocks uint8 (*shape, 34): q anywhere in int8, d uniform in
+    [-d_max, d_max] rounded to f16."""
+    blocks = np.empty(shape + (Q8_0_BYTES,), np.uint8)
+    blocks[..., 2:] = rng.integers(0, 256, shape + (32,), dtype=np.uint8)
+    d = rng.uniform(-d_max, d_max, shape).astype("<f2")
+    blocks[..., :2] = d.reshape(shape + (1,)).view(np.uint8)
+    return blocks
+
+
+def bytes_at(values: np.ndarray, offset: int) -> np.ndarray:
+    """``values`` (uint8) copied to a buffer ``offset`` bytes past a 64-byte boundary."""
+    return int8_at(values.view(np.int8), offset).view(np.uint8)
+
+
+def q8_0_f64(blocks: np.ndarray) -> np.ndarray:
+    """The dequantized values of Q8_0 blocks (..., nb, 34) in float64 (..., nb * 32)."""
+    d = blocks[..., :2].copy().view("<f2").astype(np.float64)  # (..., nb, 1)
+    q = blocks[..., 2:].view(np.int8).astype(np.float64)  # (..., nb, 32)
+    return (q * d).reshape(blocks.shape[:-2] + (-1,))
+
+
+def q8_0_d_max(n: int, x_max: float) -> float:
+    """Largest block scale for which the default atol holds for rows of n
+    values (|q| <= 128, |x| <= x_max; see dot_error_bound: the Q8_0 kernels'
+    paths, up to 3 sums in a block, one scaling and n/64 + 4 more sums, are
+    shorter than n/8 + 12)."""
+    return min(W_MAX, ATOL / dot_error_bound(n, x_max, 1.0)) / 128
+
+
+@ISA
+def test_dequantize_q8_0_is_exact_for_every_f16_scale(isa):
+    """All 65536 f16 bit patterns as block scales with q = 1, 0, -1: f32(d)
+    exactly as NumPy converts it (subnormals, zeros, infinities, NaN)."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    blocks = np.zeros((bits.size, Q8_0_BYTES), np.uint8)
+    blocks[:, :2] = bits.astype("<u2").reshape(-1, 1).view(np.uint8)
+    blocks[:, 2], blocks[:, 3] = 1, 0xFF  # q = 1, -1; the rest 0
+    out = kernels(isa).dequantize_q8_0(read_only(blocks)).reshape(-1, 32)
+    d = bits.view("<f2").astype(np.float32)
+    finite = np.isfinite(d)
+    with np.errstate(invalid="ignore"):
+        for col, q in [(0, 1), (1, -1), (2, 0)]:
+            expected = d * np.float32(q)
+            np.testing.assert_array_equal(out[finite, col].view(np.uint32), expected[finite].view(np.uint32))
+            np.testing.assert_array_equal(np.isnan(out[:, col]), np.isnan(expected))
+            np.testing.assert_array_equal(out[~finite & ~np.isnan(d), col], expected[~finite & ~np.isnan(d)])
+
+
+@ISA
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), n_blocks=st.integers(1, 40), offset=st.integers(0, 63))
+def test_dequantize_q8_0_matches_the_codec(isa, seed, n_blocks, offset):
+    """Bit for bit gemma_cy.quant.dequantize_q8_0 (what the reference uses), at any address."""
+    from gemma_cy.quant import dequantize_q8_0
+    blocks = read_only(bytes_at(q8_0_blocks(np.random.default_rng(seed), (n_blocks,), 1e3), offset))
+    out = kernels(isa).dequantize_q8_0(blocks)
+    np.testing.assert_array_equal(out.view(np.uint32), dequantize_q8_0(blocks).view(np.uint32))
+
+
+@ISA
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), n_blocks=st.integers(1, 64), offset=st.integers(0, 63),
+       x_offset=st.integers(0, 15))
+def test_dot_q8_0_matches_numpy(isa, seed, n_blocks, offset, x_offset):
+    """Rows of 32 .. 2048 values, any start address of the blocks and of x."""
+    rng = np.random.default_rng(seed)
+    n = 32 * n_blocks
+    blocks = read_only(bytes_at(q8_0_blocks(rng, (n_blocks,), q8_0_d_max(n, 1.0)), offset))
+    x = read_only(f32_at(rng.uniform(-1, 1, n).astype(np.float32), x_offset))
+    expected = q8_0_f64(blocks) @ x.astype(np.float64)
+    assert_close(kernels(isa).dot_q8_0(blocks, x), expected)
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), n_blocks=st.integers(1, 12), offset=st.integers(0, 63))
+def test_dot_q8_0_drawn_values(isa, data, n_blocks, offset):
+    """Values hypothesis draws (extremes of int8 and of the scale range included)."""
+    n = 32 * n_blocks
+    d_max = float(np.float16(q8_0_d_max(n, X_MAX) * (1 - 2**-10)))  # an f16 no larger
+    q = data.draw(hnp.arrays(np.int8, (n_blocks, 32)))
+    d = data.draw(hnp.arrays(np.float16, n_blocks, elements=st.floats(-d_max, d_max, width=16)))
+    x = data.draw(hnp.arrays(np.float32, n, elements=st.floats(-X_MAX, X_MAX, width=32)))
+    blocks = np.empty((n_blocks, Q8_0_BYTES), np.uint8)
+    blocks[:, :2] = d.astype("<f2").reshape(-1, 1).view(np.uint8)
+    blocks[:, 2:] = q.view(np.uint8)
+    blocks = read_only(bytes_at(blocks, offset))
+    expected = q8_0_f64(blocks) @ x.astype(np.float64)
+    assert_close(kernels(isa).dot_q8_0(blocks, read_only(x)), expected)
+
+
+@ISA
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 24), n_blocks=st.integers(1, 24),
+       offset=st.integers(0, 63))
+def test_gemv_q8_0_matches_numpy(isa, seed, rows, n_blocks, offset):
+    """Read-only matrix at any byte offset; out written in its slot only."""
+    rng = np.random.default_rng(seed)
+    n = 32 * n_blocks
+    blocks = read_only(bytes_at(q8_0_blocks(rng, (rows, n_blocks), q8_0_d_max(n, 1.0)), offset))
+    x = read_only(rng.uniform(-1, 1, n).astype(np.float32))
+    slots = np.full(rows + 2, 7.0, np.float32)
+    out = kernels(isa).gemv_q8_0(blocks, x, slots[1:-1])
+    assert out.base is slots
+    assert_close(out, q8_0_f64(blocks) @ x.astype(np.float64))
+    assert slots[0] == 7.0 and slots[-1] == 7.0
+
+
+@ISA
+@pytest.mark.parametrize("rows, cols", [(64, 640), (40, 1152), (32, 2048), (16, 4096), (8, 10240)])
+def test_gemv_q8_0_model_widths(isa, rows, cols):
+    """Model-sized rows (Gemma 3 widths, and past them), misaligned by 5 bytes."""
+    rng = np.random.default_rng(cols)
+    blocks = read_only(bytes_at(q8_0_blocks(rng, (rows, cols // 32), q8_0_d_max(cols, 1.0)), 5))
+    x = rng.uniform(-1, 1, cols).astype(np.float32)
+    assert_close(kernels(isa).gemv_q8_0(blocks, x), q8_0_f64(blocks) @ x.astype(np.float64))
+
+
+@ISA
+def test_gemv_q8_0_rows_are_dot_products(isa):
+    """One kernel, one order: each row of the GEMV equals dot_q8_0 bit for bit."""
+    m = kernels(isa)
+    rng = np.random.default_rng(6)
+    for n_blocks in (1, 2, 3, 20):
+        blocks = bytes_at(q8_0_blocks(rng, (9, n_blocks), 0.01), 3)
+        x = rng.uniform(-1, 1, 32 * n_blocks).astype(np.float32)
+        out = m.gemv_q8_0(blocks, x)
+        assert [float(v) for v in out] == [m.dot_q8_0(blocks[r], x) for r in range(9)]
+
+
+@ISA
+def test_q8_0_empty(isa):
+    m = kernels(isa)
+    assert m.gemv_q8_0(np.zeros((0, 2, 34), np.uint8), np.ones(64, np.float32)).shape == (0,)
+    np.testing.assert_array_equal(m.gemv_q8_0(np.zeros((3, 0, 34), np.uint8), np.ones(0, np.float32)), 0)
+    assert m.dot_q8_0(np.zeros((0, 34), np.uint8), np.zeros(0, np.float32)) == 0.0
+    assert m.dequantize_q8_0(np.zeros((0, 34), np.uint8)).shape == (0,)
 
 
 # ---------------------------------------------------------------------------
@@ -390,6 +557,8 @@ def _bad_calls(m):
     strided = np.ones(16, np.float32)[::2]
     unaligned = np.frombuffer(np.zeros(40, np.uint8).tobytes(), np.float32, count=8, offset=1)
     read_only_out = read_only(np.ones(4, np.float32))
+    blocks = np.zeros((2, 34), np.uint8)
+    f32 = np.ones(64, np.float32)
     return [
         (TypeError, lambda: m.dot_i8(f, f, 1.0)),  # q not int8
         (TypeError, lambda: m.dot_i8(q, q, 1.0)),  # x not f32
@@ -427,6 +596,16 @@ def _bad_calls(m):
         (ValueError, lambda: m.softcap(f, 0.0)),
         (ValueError, lambda: m.softcap(f, float("nan"))),
         (ValueError, lambda: m.softcap(h, 1.0)),  # 1-D only
+        (TypeError, lambda: m.dot_q8_0(blocks.view(np.int8), f32)),  # blocks not uint8
+        (ValueError, lambda: m.dot_q8_0(blocks[:, :33], f32)),  # not 34-byte blocks
+        (ValueError, lambda: m.dot_q8_0(blocks, f32[:63])),  # 64 values, x has 63
+        (ValueError, lambda: m.dot_q8_0(np.zeros((4, 34), np.uint8)[::2], f32)),  # not contiguous
+        (ValueError, lambda: m.gemv_q8_0(blocks, f32)),  # not 3-D
+        (ValueError, lambda: m.gemv_q8_0(blocks[None], f32[:32])),
+        (TypeError, lambda: m.gemv_q8_0(blocks[None], f32.astype(np.float64))),
+        (ValueError, lambda: m.gemv_q8_0(blocks[None], f32, np.ones(2, np.float32))),  # out shape
+        (ValueError, lambda: m.dequantize_q8_0(blocks[None])),
+        (ValueError, lambda: m.dequantize_q8_0(blocks, np.ones(63, np.float32))),
     ]
 
 

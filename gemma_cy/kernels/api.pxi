@@ -9,22 +9,31 @@
 # An output may be the same pointer as an input of the same shape (in-place)
 # except in k_gemv_i8 and k_matvec, where out must not overlap x.
 
-from libc.stdint cimport int8_t
+from libc.stdint cimport int8_t, uint8_t, uint16_t
 
-# How a quantized matrix is stored. One layout today; llama.cpp's Q8_0 (int8
-# with one scale per block of 32 values) will be one more value here, one more
-# field in QMatrix and one more GEMV kernel behind k_matvec / k_matrix_row.
+# How a quantized matrix is stored; k_matvec and k_matrix_row pick the kernel.
 cdef enum QLayout:
     QLAYOUT_I8_TENSOR = 0  # int8, one f32 scale for the whole tensor (GMW1, SPEC A2)
+    QLAYOUT_Q8_0 = 1  # llama.cpp's Q8_0: int8 with one f16 scale per block of 32 (GGUF)
+
+# Q8_0: each run of 32 values of a row is one block of 34 bytes, the f16 scale
+# d (little-endian) then the 32 int8 q; a row is cols / 32 blocks back to back,
+# rows back to back. Blocks start at any byte address (34 is not a multiple of
+# anything useful). Dequantized value = f32(d) * q.
+cdef enum:
+    Q8_0_BLOCK = 32  # values per block
+    Q8_0_BYTES = 34  # bytes per block
 
 # A weight matrix (rows, cols) as the kernels see it: a zero-copy pointer
 # into the (memory-mapped, read-only) file, its scale and its layout.
 cdef struct QMatrix:
-    const int8_t* q  # (rows, cols) row-major, rows back to back, any start address
+    const int8_t* q  # QLAYOUT_I8_TENSOR: (rows, cols) row-major, rows back to back, any start address
+    const uint8_t* blocks  # QLAYOUT_Q8_0: (rows, cols / 32, 34) bytes, any start address
     float scale  # QLAYOUT_I8_TENSOR: the one scale of the tensor
     Py_ssize_t rows
-    Py_ssize_t cols
+    Py_ssize_t cols  # QLAYOUT_Q8_0: a multiple of 32
     QLayout layout
+    bint resident  # expected in cache (the whole model fits the last-level cache): see k_gemv_i8_resident
 
 cdef enum RopePairing:
     ROPE_INTERLEAVED = 0  # pair j is (x[2j], x[2j+1])        (seed, SPEC A5)
@@ -34,10 +43,30 @@ cdef enum RopePairing:
 # the sum (SPEC A2). q (n,) int8, x (n,) f32.
 cdef float k_dot_i8(const int8_t* q, const float* x, Py_ssize_t n, float scale) noexcept nogil
 
-# out[r] = k_dot_i8(q + r*cols, x, cols, scale): q (rows, cols) int8 row-major
-# with rows back to back, x (cols,), out (rows,).
+# out[r] = k_dot_i8(q + r*cols, x, cols, scale) bit for bit (one summation
+# order per module, however many rows a kernel runs at once): q (rows, cols)
+# int8 row-major with rows back to back, x (cols,), out (rows,).
 cdef void k_gemv_i8(float* out, const int8_t* q, float scale, const float* x,
                     Py_ssize_t rows, Py_ssize_t cols) noexcept nogil
+
+# k_gemv_i8 bit for bit, for a matrix the caller expects in cache (a model
+# whose weights fit the last-level cache, read again every step): a module
+# may run several rows at once there, sharing the loads of x, which pays in
+# cache and costs when the rows stream from DRAM. k_matvec calls it for a
+# QMatrix marked resident.
+cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const float* x,
+                             Py_ssize_t rows, Py_ssize_t cols) noexcept nogil
+
+# sum_b f32(d_b) * (sum_{i < 32} q_b[i] * x[32 b + i]) over the n_blocks Q8_0
+# blocks of one row (34 bytes each, any address), x (32 * n_blocks,): each
+# block's products summed in f32 first, then scaled by its d (the order of
+# each module is written in its dot_<isa>.pxi).
+cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil
+
+# out[r] = k_dot_q8_0(blocks + r * n_blocks * 34, x, n_blocks) bit for bit:
+# blocks (rows, n_blocks, 34), x (32 * n_blocks,), out (rows,).
+cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
+                      Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil
 
 # out (w.rows,) = dequantized w . x (cols,), whatever w's layout; out must
 # not overlap x.
@@ -88,3 +117,11 @@ cdef void k_add(float* x, const float* y, Py_ssize_t n) noexcept nogil
 
 # out = q * scale (one f32 product each: bit-exact with NumPy's q.astype(f32) * scale).
 cdef void k_dequantize_i8(float* out, const int8_t* q, float scale, Py_ssize_t n) noexcept nogil
+
+# out (32 * n_blocks,) = f32(d) * q of each Q8_0 block (one f32 product each:
+# bit-exact with gemma_cy.quant.dequantize_q8_0).
+cdef void k_dequantize_q8_0(float* out, const uint8_t* blocks, Py_ssize_t n_blocks) noexcept nogil
+
+# The f32 value of the IEEE binary16 with bits h (exact: every f16 is an f32),
+# by bit manipulation (no F16C needed).
+cdef float k_f16_to_f32(uint16_t h) noexcept nogil

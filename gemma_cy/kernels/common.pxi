@@ -1,5 +1,6 @@
-# Everything of a simd_<isa> module but k_dot_i8 (which each ISA writes with
-# its own intrinsics, in dot_<isa>.pxi): the C-level kernels in typed Cython,
+# Everything of a simd_<isa> module but the quantized dot products and GEMVs
+# (k_dot_i8, k_gemv_i8, k_dot_q8_0, k_gemv_q8_0: each ISA writes them with its
+# own intrinsics, in dot_<isa>.pxi): the C-level kernels in typed Cython,
 # vectorized by the compiler for the module's -m flags, and the def wrappers
 # that validate their arguments, release the GIL and call them.
 #
@@ -9,19 +10,30 @@
 # angles, and the activations.
 
 from libc.math cimport cos, exp, expf, pow, sin, sqrt, tanh
+from libc.stdint cimport uint32_t
+from libc.string cimport memcpy
 
 import numpy as np
 
 cdef extern from *:
     void __builtin_prefetch(const void* p) nogil  # gcc/clang: a hint that never faults
 
-# k_gemv_i8 asks for the row this many rows ahead while it reads the current
+# The GEMVs ask for the row this many rows ahead while they read the current
 # one: one forward stream alone does not keep enough DRAM reads in flight
 # (measured on Zen 3, 262144 x 640: ~+20%; within the noise when cached).
 cdef enum:
     GEMV_PREFETCH_ROWS = 8
 cdef double SQRT_2_OVER_PI = 0.7978845608028654  # sqrt(2/pi) of GELU's tanh approximation
 cdef double GELU_CUBIC = 0.044715
+# expf(x) is 0 in f32 for every x below this (below e^-103.97 = 2^-150, half
+# the smallest subnormal); skipping the call there gives the same 0 without
+# the libm underflow path (slow: it sets errno).
+cdef float EXPF_ZERO_BELOW = -104.0
+# silu(g) * up and gelu_tanh(g) * up round to a signed zero in f32 for any
+# finite f32 up when g is below this: |g| e^g <= 200 e^-200 ~ 3e-85, times
+# f32 max is below half the smallest subnormal. Skipping exp(-g) there avoids
+# its overflow path (slow).
+cdef double ACT_ZERO_BELOW = -200.0
 
 
 cdef inline float _sum8(const float* v) noexcept nogil:
@@ -33,26 +45,74 @@ cdef inline float _sum8(const float* v) noexcept nogil:
 # C-level kernels (prototypes and contracts: api.pxi)
 
 
-cdef void k_gemv_i8(float* out, const int8_t* q, float scale, const float* x,
-                    Py_ssize_t rows, Py_ssize_t cols) noexcept nogil:
-    cdef Py_ssize_t r, b
-    cdef const int8_t* ahead
+cdef inline void _prefetch_row(const void* row, Py_ssize_t row_bytes) noexcept nogil:
+    """Hints for the row GEMV_PREFETCH_ROWS rows after ``row`` (rows of
+    row_bytes, back to back), one per 64-byte line; past the end of the
+    matrix they are harmless (a hint never faults)."""
+    cdef const char* ahead = <const char*> row + GEMV_PREFETCH_ROWS * row_bytes
+    cdef Py_ssize_t b
+    for b in range(0, row_bytes, 64):
+        __builtin_prefetch(ahead + b)
+
+
+cdef void _gemv_i8_rows(float* out, const int8_t* q, float scale, const float* x,
+                        Py_ssize_t rows, Py_ssize_t cols) noexcept nogil:
+    """k_gemv_i8 one row at a time (k_dot_i8 each), prefetching ahead."""
+    cdef Py_ssize_t r
     for r in range(rows):
-        if r + GEMV_PREFETCH_ROWS < rows:
-            ahead = q + (r + GEMV_PREFETCH_ROWS) * cols
-            for b in range(0, cols, 64):  # one hint per 64-byte cache line
-                __builtin_prefetch(ahead + b)
+        _prefetch_row(q + r * cols, cols)
         out[r] = k_dot_i8(q + r * cols, x, cols, scale)
+
+
+cdef void _gemv_q8_0_rows(float* out, const uint8_t* blocks, const float* x,
+                          Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil:
+    """k_gemv_q8_0 one row at a time (k_dot_q8_0 each), prefetching ahead."""
+    cdef Py_ssize_t r, row_bytes = n_blocks * Q8_0_BYTES
+    for r in range(rows):
+        _prefetch_row(blocks + r * row_bytes, row_bytes)
+        out[r] = k_dot_q8_0(blocks + r * row_bytes, x, n_blocks)
 
 
 cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
     if w.layout == QLAYOUT_I8_TENSOR:
-        k_gemv_i8(out, w.q, w.scale, x, w.rows, w.cols)
+        if w.resident:
+            k_gemv_i8_resident(out, w.q, w.scale, x, w.rows, w.cols)
+        else:
+            k_gemv_i8(out, w.q, w.scale, x, w.rows, w.cols)
+    elif w.layout == QLAYOUT_Q8_0:
+        k_gemv_q8_0(out, w.blocks, x, w.rows, w.cols // Q8_0_BLOCK)
 
 
 cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:
+    cdef Py_ssize_t nb
     if w.layout == QLAYOUT_I8_TENSOR:
         k_dequantize_i8(out, w.q + row * w.cols, w.scale, w.cols)
+    elif w.layout == QLAYOUT_Q8_0:
+        nb = w.cols // Q8_0_BLOCK
+        k_dequantize_q8_0(out, w.blocks + row * nb * Q8_0_BYTES, nb)
+
+
+cdef inline uint16_t _load_u16(const uint8_t* p) noexcept nogil:
+    """The little-endian u16 at p (any alignment, any host byte order)."""
+    return <uint16_t> (p[0] | (p[1] << 8))
+
+
+cdef float k_f16_to_f32(uint16_t h) noexcept nogil:
+    # binary16: sign 1, exponent 5 (bias 15), mantissa 10; binary32: 1, 8 (127), 23
+    cdef uint32_t sign = (<uint32_t> (h & 0x8000)) << 16
+    cdef uint32_t exponent = (h >> 10) & 0x1f
+    cdef uint32_t mantissa = h & 0x3ff
+    cdef uint32_t bits
+    cdef float f
+    if exponent == 0:  # zero or subnormal: mantissa * 2^-24, exact in f32
+        f = <float> mantissa * <float> 5.9604644775390625e-08
+        return -f if sign else f
+    if exponent == 0x1f:  # inf, NaN (payload kept)
+        bits = sign | 0x7f800000 | (mantissa << 13)
+    else:
+        bits = sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13)
+    memcpy(&f, &bits, 4)
+    return f
 
 
 cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
@@ -161,7 +221,7 @@ cdef void k_softmax(float* x, Py_ssize_t n) noexcept nogil:
         if x[i] > m:
             m = x[i]
     for i in range(n):
-        x[i] = expf(x[i] - m)
+        x[i] = 0 if x[i] - m < EXPF_ZERO_BELOW else expf(x[i] - m)  # NaN stays NaN
         total += x[i]
     inv = 1.0 / total
     for i in range(n):
@@ -173,7 +233,10 @@ cdef void k_silu_mul(float* out, const float* gate, const float* up, Py_ssize_t 
     cdef Py_ssize_t i
     for i in range(n):
         g = gate[i]
-        out[i] = <float> (g / (1.0 + exp(-g)) * up[i])  # exp(-g) = inf gives -0: no NaN
+        if g < ACT_ZERO_BELOW:
+            out[i] = <float> ((g * 0.0) * up[i])  # the signed zero g / (1 + exp(-g)) * up rounds to
+        else:
+            out[i] = <float> (g / (1.0 + exp(-g)) * up[i])
 
 
 cdef void k_gelu_tanh_mul(float* out, const float* gate, const float* up, Py_ssize_t n) noexcept nogil:
@@ -194,6 +257,17 @@ cdef void k_dequantize_i8(float* out, const int8_t* q, float scale, Py_ssize_t n
     cdef Py_ssize_t i
     for i in range(n):
         out[i] = q[i] * scale
+
+
+cdef void k_dequantize_q8_0(float* out, const uint8_t* blocks, Py_ssize_t n_blocks) noexcept nogil:
+    cdef Py_ssize_t b, i
+    cdef float d
+    cdef const int8_t* q
+    for b in range(n_blocks):
+        d = k_f16_to_f32(_load_u16(blocks + b * Q8_0_BYTES))
+        q = <const int8_t*> (blocks + b * Q8_0_BYTES + 2)
+        for i in range(Q8_0_BLOCK):
+            out[b * Q8_0_BLOCK + i] = q[i] * d
 
 
 # ---------------------------------------------------------------------------
@@ -311,9 +385,11 @@ def softcap(x, cap, out=None):
     return out
 
 
-def gemv_i8(q, scale, x, out=None):
+def gemv_i8(q, scale, x, out=None, resident=False):
     """out[r] = scale * sum_c q[r, c] * x[c] for int8 q (rows, cols), C-contiguous
-    (read-only mapped views are fine), f32 x (cols,); returns out (rows,) f32."""
+    (read-only mapped views are fine), f32 x (cols,); returns out (rows,) f32.
+    ``resident``: the kernel for a matrix in cache (k_gemv_i8_resident: the
+    same values, maybe several rows at a time)."""
     _array(q, "q", np.int8, (2,))
     _array(x, "x", np.float32, (1,))
     if x.shape[0] != q.shape[1]:
@@ -326,9 +402,13 @@ def gemv_i8(q, scale, x, out=None):
     cdef float[::1] ov = out
     cdef float s = scale
     cdef Py_ssize_t rows = qv.shape[0], cols = qv.shape[1]
+    cdef bint in_cache = resident
     if rows and cols:
         with nogil:
-            k_gemv_i8(&ov[0], &qv[0, 0], s, &xv[0], rows, cols)
+            if in_cache:
+                k_gemv_i8_resident(&ov[0], &qv[0, 0], s, &xv[0], rows, cols)
+            else:
+                k_gemv_i8(&ov[0], &qv[0, 0], s, &xv[0], rows, cols)
     elif rows:
         out[:] = 0
     return out
@@ -474,4 +554,70 @@ def dequantize_i8(q, scale, out=None):
     if n:
         with nogil:
             k_dequantize_i8(&ov[0], &qv[0], s, n)
+    return out
+
+
+cdef object _q8_0_blocks(object blocks, str what, int ndim):
+    """blocks itself when it is a C-contiguous uint8 array (..., n_blocks, 34)
+    with ``ndim`` dimensions; else TypeError or ValueError."""
+    _array(blocks, what, np.uint8, (ndim,))
+    if blocks.shape[ndim - 1] != Q8_0_BYTES:
+        raise ValueError(f"{what} must have {Q8_0_BYTES}-byte Q8_0 blocks on its last axis, "
+                         f"got shape {blocks.shape}")
+    return blocks
+
+
+def dot_q8_0(blocks, x) -> float:
+    """sum_b f32(d_b) * (sum_i q_b[i] * x[32 b + i]): one row of Q8_0 blocks,
+    uint8 (n_blocks, 34) (f16 d then 32 int8 each, any start address), times
+    f32 x (32 * n_blocks,). Each block's sum is scaled by its d (SPEC Part C:
+    the same value as the dequantized row . x, in another order)."""
+    _q8_0_blocks(blocks, "blocks", 2)
+    _array(x, "x", np.float32, (1,))
+    if x.shape[0] != blocks.shape[0] * Q8_0_BLOCK:
+        raise ValueError(f"dot_q8_0: x has {x.shape[0]} values, the blocks hold {blocks.shape[0] * Q8_0_BLOCK}")
+    cdef const uint8_t[:, ::1] bv = blocks
+    cdef const float[::1] xv = x
+    cdef float result = 0
+    cdef Py_ssize_t nb = bv.shape[0]
+    if nb:
+        with nogil:
+            result = k_dot_q8_0(&bv[0, 0], &xv[0], nb)
+    return result
+
+
+def gemv_q8_0(blocks, x, out=None):
+    """out[r] = dot_q8_0(blocks[r], x) for a Q8_0 matrix uint8 (rows, n_blocks,
+    34), C-contiguous (read-only mapped views are fine), f32 x (32 * n_blocks,);
+    returns out (rows,) f32."""
+    _q8_0_blocks(blocks, "blocks", 3)
+    _array(x, "x", np.float32, (1,))
+    if x.shape[0] != blocks.shape[1] * Q8_0_BLOCK:
+        raise ValueError(f"gemv_q8_0: x has {x.shape[0]} values, the rows hold {blocks.shape[1] * Q8_0_BLOCK}")
+    out = _out(out, (blocks.shape[0],), (blocks,))
+    if np.may_share_memory(out, x):  # every row reads all of x
+        raise ValueError("gemv_q8_0: out shares memory with x")
+    cdef const uint8_t[:, :, ::1] bv = blocks
+    cdef const float[::1] xv = x
+    cdef float[::1] ov = out
+    cdef Py_ssize_t rows = bv.shape[0], nb = bv.shape[1]
+    if rows and nb:
+        with nogil:
+            k_gemv_q8_0(&ov[0], &bv[0, 0, 0], &xv[0], rows, nb)
+    elif rows:
+        out[:] = 0
+    return out
+
+
+def dequantize_q8_0(blocks, out=None):
+    """f32(d) * q as f32 (32 * n_blocks,) from one row of Q8_0 blocks uint8
+    (n_blocks, 34): bit-exact with gemma_cy.quant.dequantize_q8_0."""
+    _q8_0_blocks(blocks, "blocks", 2)
+    out = _out(out, (blocks.shape[0] * Q8_0_BLOCK,), (blocks,))
+    cdef const uint8_t[:, ::1] bv = blocks
+    cdef float[::1] ov = out
+    cdef Py_ssize_t nb = bv.shape[0]
+    if nb:
+        with nogil:
+            k_dequantize_q8_0(&ov[0], &bv[0, 0], nb)
     return out

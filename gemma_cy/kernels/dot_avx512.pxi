@@ -1,7 +1,15 @@
-# k_dot_i8 with AVX-512 F/BW/VL intrinsics (module simd_avx512).
-# Per 16 values: one unaligned 16-byte load widened int8 -> int32 -> f32 and
-# one FMA; four independent accumulators (64 values per step). The tail uses
-# masked loads (AVX512BW+VL for bytes), which never touch memory past the end.
+# The quantized dot products and GEMVs with AVX-512 F/BW/VL intrinsics and
+# F16C (module simd_avx512). The GEMVs run row after row, prefetching ahead.
+#
+# k_dot_i8: per 16 values, one unaligned 16-byte load widened int8 -> int32 ->
+# f32 and one FMA; four independent accumulators (64 values per step). The
+# tail uses masked loads (AVX512BW+VL for bytes), which never touch memory
+# past the end.
+#
+# k_dot_q8_0: per block, p = q[0:16] x[0:16] + q[16:32] x[16:32] lane by lane
+# (one product, one FMA), then acc += f32(d) * p (one FMA; d converted by
+# F16C); even blocks into acc0, odd ones into acc1; the 16 lanes of
+# acc0 + acc1 summed as _sum8(lanes 0-7) + _sum8(lanes 8-15).
 
 cdef extern from "immintrin.h" nogil:
     ctypedef struct __m128i:
@@ -20,7 +28,10 @@ cdef extern from "immintrin.h" nogil:
     __m512 _mm512_setzero_ps()
     __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c)
     __m512 _mm512_add_ps(__m512 a, __m512 b)
+    __m512 _mm512_mul_ps(__m512 a, __m512 b)
+    __m512 _mm512_set1_ps(float a)
     void _mm512_storeu_ps(void* p, __m512 a)
+    float _cvtsh_ss(unsigned short h)  # F16C: one f16 -> f32, exact
 
 
 cdef inline __m512 _widen16(const int8_t* q) noexcept nogil:
@@ -52,3 +63,44 @@ cdef float k_dot_i8(const int8_t* q, const float* x, Py_ssize_t n, float scale) 
             _mm512_maskz_loadu_ps(tail, x + i), a1)
     _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)))
     return (_sum8(lanes) + _sum8(lanes + 8)) * scale
+
+
+cdef void k_gemv_i8(float* out, const int8_t* q, float scale, const float* x,
+                    Py_ssize_t rows, Py_ssize_t cols) noexcept nogil:
+    _gemv_i8_rows(out, q, scale, x, rows, cols)
+
+
+cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const float* x,
+                             Py_ssize_t rows, Py_ssize_t cols) noexcept nogil:
+    _gemv_i8_rows(out, q, scale, x, rows, cols)
+
+
+cdef inline __m512 _block_q8_0(const uint8_t* block, const float* x) noexcept nogil:
+    """The 32 products of one Q8_0 block with x[0:32], summed to 16 lanes."""
+    cdef const int8_t* q = <const int8_t*> (block + 2)
+    cdef __m512 p = _mm512_mul_ps(_widen16(q), _mm512_loadu_ps(x))
+    return _mm512_fmadd_ps(_widen16(q + 16), _mm512_loadu_ps(x + 16), p)
+
+
+cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    cdef __m512 acc0 = _mm512_setzero_ps()
+    cdef __m512 acc1 = _mm512_setzero_ps()
+    cdef const uint8_t* b = blocks
+    cdef Py_ssize_t k = 0
+    cdef float lanes[16]
+    while k + 2 <= n_blocks:
+        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(_load_u16(b))), _block_q8_0(b, x), acc0)
+        acc1 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(_load_u16(b + Q8_0_BYTES))),
+                               _block_q8_0(b + Q8_0_BYTES, x + Q8_0_BLOCK), acc1)
+        b += 2 * Q8_0_BYTES
+        x += 2 * Q8_0_BLOCK
+        k += 2
+    if k < n_blocks:
+        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(_load_u16(b))), _block_q8_0(b, x), acc0)
+    _mm512_storeu_ps(lanes, _mm512_add_ps(acc0, acc1))
+    return _sum8(lanes) + _sum8(lanes + 8)
+
+
+cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
+                      Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil:
+    _gemv_q8_0_rows(out, blocks, x, rows, n_blocks)

@@ -1,5 +1,7 @@
-# k_dot_i8 in portable C, for the generic module (no -m flags). 32 lane sums,
-# the layout of the AVX2 module's four 8-wide accumulators, let -O3 vectorize
+# The quantized dot products and GEMVs in portable C, for the generic module
+# (no -m flags); the GEMVs run row after row, prefetching ahead.
+#
+# k_dot_i8: 32 lane sums (four 8-wide accumulators), which let -O3 vectorize
 # the loop with the baseline ISA (SSE2 on x86-64, NEON on arm64) without
 # reassociating floats; short per-lane chains (n/32 terms) also keep the
 # rounding error of long rows close to the SIMD modules'.
@@ -19,10 +21,55 @@ cdef float k_dot_i8(const int8_t* q, const float* x, Py_ssize_t n, float scale) 
         for j in range(8):
             acc[j] += q[i + j] * x[i + j]
         i += 8
-    for j in range(8):  # as the AVX2 module: (a0 + a1) + (a2 + a3), lane by lane
+    for j in range(8):  # (a0 + a1) + (a2 + a3), lane by lane
         lanes[j] = (acc[j] + acc[j + 8]) + (acc[j + 16] + acc[j + 24])
     s = _sum8(lanes)
     while i < n:
         s += q[i] * x[i]
         i += 1
     return s * scale
+
+
+cdef void k_gemv_i8(float* out, const int8_t* q, float scale, const float* x,
+                    Py_ssize_t rows, Py_ssize_t cols) noexcept nogil:
+    _gemv_i8_rows(out, q, scale, x, rows, cols)
+
+
+cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const float* x,
+                             Py_ssize_t rows, Py_ssize_t cols) noexcept nogil:
+    _gemv_i8_rows(out, q, scale, x, rows, cols)
+
+
+# k_dot_q8_0: the AVX2 module's order, unfused, in 8 lane sums: per block the
+# 32 products (one loop -O3 vectorizes), p[j] = ((prod[j] + prod[8+j]) +
+# prod[16+j]) + prod[24+j], then acc[j] += d * p[j], even blocks into acc0,
+# odd ones into acc1; the f16 scale converted by k_f16_to_f32 (bit
+# manipulation). ~2.3 G multiply-adds/s on Zen 3 with SSE2 (AVX2: ~13).
+
+cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    cdef float acc[16]  # acc0 = acc[0:8], acc1 = acc[8:16]
+    cdef float prod[32]
+    cdef float lanes[8]
+    cdef float d
+    cdef const int8_t* q
+    cdef const float* xb
+    cdef Py_ssize_t k, j, o
+    for j in range(16):
+        acc[j] = 0
+    for k in range(n_blocks):
+        d = k_f16_to_f32(_load_u16(blocks + k * Q8_0_BYTES))
+        q = <const int8_t*> (blocks + k * Q8_0_BYTES + 2)
+        xb = x + k * Q8_0_BLOCK
+        for j in range(32):
+            prod[j] = q[j] * xb[j]
+        o = 8 * (k & 1)
+        for j in range(8):
+            acc[o + j] += d * (((prod[j] + prod[8 + j]) + prod[16 + j]) + prod[24 + j])
+    for j in range(8):
+        lanes[j] = acc[j] + acc[8 + j]
+    return _sum8(lanes)
+
+
+cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
+                      Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil:
+    _gemv_q8_0_rows(out, blocks, x, rows, n_blocks)

@@ -1,7 +1,15 @@
-# k_dot_i8 with NEON intrinsics (module simd_neon, aarch64 only).
-# Per 8 values: one 8-byte load (any alignment) widened int8 -> int16 ->
-# 2 x int32 -> 2 x f32 and two FMAs; four independent accumulators (16
-# values per step).
+# The quantized dot products and GEMVs with NEON intrinsics (module
+# simd_neon, aarch64 only). The GEMVs run row after row, prefetching ahead.
+#
+# k_dot_i8: per 8 values, one 8-byte load (any alignment) widened int8 ->
+# int16 -> 2 x int32 -> 2 x f32 and two FMAs; four independent accumulators
+# (16 values per step).
+#
+# k_dot_q8_0: per block, the 32 products in two 4-lane chains, p0 taking the
+# 4-value groups 0, 2, 4, 6 and p1 groups 1, 3, 5, 7 (the first of each a
+# product, the rest FMAs), p = p0 + p1, then acc += f32(d) * p (one FMA; d
+# converted by vcvt_f32_f16); even blocks into acc0, odd ones into acc1; the
+# 4 lanes of acc0 + acc1 summed as (l0 + l2) + (l1 + l3).
 
 cdef extern from "arm_neon.h" nogil:
     ctypedef struct int8x8_t:
@@ -14,6 +22,10 @@ cdef extern from "arm_neon.h" nogil:
         pass
     ctypedef struct float32x4_t:
         pass
+    ctypedef struct uint16x4_t:
+        pass
+    ctypedef struct float16x4_t:
+        pass
     int8x8_t vld1_s8(const int8_t* p)
     int16x8_t vmovl_s8(int8x8_t a)
     int16x4_t vget_low_s16(int16x8_t a)
@@ -25,6 +37,10 @@ cdef extern from "arm_neon.h" nogil:
     float32x4_t vfmaq_f32(float32x4_t acc, float32x4_t a, float32x4_t b)  # acc + a*b
     float32x4_t vaddq_f32(float32x4_t a, float32x4_t b)
     void vst1q_f32(float* p, float32x4_t a)
+    float32x4_t vmulq_f32(float32x4_t a, float32x4_t b)
+    uint16x4_t vdup_n_u16(uint16_t v)
+    float16x4_t vreinterpret_f16_u16(uint16x4_t a)
+    float32x4_t vcvt_f32_f16(float16x4_t a)
 
 
 cdef float k_dot_i8(const int8_t* q, const float* x, Py_ssize_t n, float scale) noexcept nogil:
@@ -56,3 +72,53 @@ cdef float k_dot_i8(const int8_t* q, const float* x, Py_ssize_t n, float scale) 
         s += q[i] * x[i]
         i += 1
     return s * scale
+
+
+cdef void k_gemv_i8(float* out, const int8_t* q, float scale, const float* x,
+                    Py_ssize_t rows, Py_ssize_t cols) noexcept nogil:
+    _gemv_i8_rows(out, q, scale, x, rows, cols)
+
+
+cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const float* x,
+                             Py_ssize_t rows, Py_ssize_t cols) noexcept nogil:
+    _gemv_i8_rows(out, q, scale, x, rows, cols)
+
+
+cdef inline float32x4_t _block_q8_0(float32x4_t acc, const uint8_t* block, const float* x) noexcept nogil:
+    """acc + f32(d) * the block's 32 products with x[0:32], summed to 4 lanes."""
+    cdef const int8_t* q = <const int8_t*> (block + 2)
+    cdef float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(_load_u16(block))))
+    cdef float32x4_t p0, p1
+    cdef int16x8_t w = vmovl_s8(vld1_s8(q))
+    p0 = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), vld1q_f32(x))
+    p1 = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), vld1q_f32(x + 4))
+    w = vmovl_s8(vld1_s8(q + 8))
+    p0 = vfmaq_f32(p0, vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), vld1q_f32(x + 8))
+    p1 = vfmaq_f32(p1, vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), vld1q_f32(x + 12))
+    w = vmovl_s8(vld1_s8(q + 16))
+    p0 = vfmaq_f32(p0, vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), vld1q_f32(x + 16))
+    p1 = vfmaq_f32(p1, vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), vld1q_f32(x + 20))
+    w = vmovl_s8(vld1_s8(q + 24))
+    p0 = vfmaq_f32(p0, vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), vld1q_f32(x + 24))
+    p1 = vfmaq_f32(p1, vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), vld1q_f32(x + 28))
+    return vfmaq_f32(acc, d, vaddq_f32(p0, p1))
+
+
+cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    cdef float32x4_t acc0 = vdupq_n_f32(0)
+    cdef float32x4_t acc1 = vdupq_n_f32(0)
+    cdef Py_ssize_t k = 0
+    cdef float lanes[4]
+    while k + 2 <= n_blocks:
+        acc0 = _block_q8_0(acc0, blocks + k * Q8_0_BYTES, x + k * Q8_0_BLOCK)
+        acc1 = _block_q8_0(acc1, blocks + (k + 1) * Q8_0_BYTES, x + (k + 1) * Q8_0_BLOCK)
+        k += 2
+    if k < n_blocks:
+        acc0 = _block_q8_0(acc0, blocks + k * Q8_0_BYTES, x + k * Q8_0_BLOCK)
+    vst1q_f32(lanes, vaddq_f32(acc0, acc1))
+    return (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
+
+
+cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
+                      Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil:
+    _gemv_q8_0_rows(out, blocks, x, rows, n_blocks)

@@ -27,7 +27,7 @@ from libc.string cimport memcpy, memset
 
 from gemma_cy.errors import ModelFormatError
 from gemma_cy.observe import op_shape
-from gemma_cy.quant import Int8Tensor
+from gemma_cy.quant import Int8Tensor, Q8_0Tensor
 
 
 # The layer ops the trace records, in gemma_cy.observe.LAYER_OPS order; the
@@ -47,6 +47,13 @@ cdef enum LayerOp:
 
 LAYER_TRACE_OPS = ("attn_norm", "q", "k", "v", "attn_out", "attn", "resid_attn",
                    "ffn_norm", "mlp", "resid_mlp")
+
+# A model whose matrices take at most this many bytes in all is taken to stay
+# in the last-level cache between steps (Zen 3: 32 MB of L3, shared by the
+# cores), so its int8 GEMVs use k_gemv_i8_resident. The tiny model: 2.2 MB;
+# the 270M-sized ones: ~260 MB.
+cdef enum:
+    RESIDENT_MODEL_BYTES = 8 << 20
 
 # FastModel.first_bad: where a step's activations first went non-finite
 # (-1 the embedding, 0..n_layers-1 a layer's residual, n_layers the logits).
@@ -74,19 +81,41 @@ cdef struct LayerWeights:
     Py_ssize_t window  # positions attended to, itself included; 0 = all
 
 
-cdef QMatrix _qmatrix(object tensor, list keep) except *:
-    """The kernels' view of a weight tensor: a pointer into its (read-only,
-    usually mapped) values, no copy; ``keep`` keeps the array alive."""
-    if not isinstance(tensor, Int8Tensor):
-        raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
-    cdef const int8_t[:, ::1] view = tensor.q
+cdef Py_ssize_t _matrix_bytes(object tensor):
+    """Bytes of a weight matrix's values as stored (0 for a vector)."""
+    if len(tensor.shape) != 2:
+        return 0
+    return tensor.blocks.nbytes if isinstance(tensor, Q8_0Tensor) else tensor.q.nbytes
+
+
+cdef QMatrix _qmatrix(object tensor, list keep, bint resident) except *:
+    """The kernels' view of a weight matrix (Int8Tensor or Q8_0Tensor): a
+    pointer into its (read-only, usually mapped) values, no copy; ``keep``
+    keeps the array alive. ``resident``: the model stays in cache."""
+    cdef const int8_t[:, ::1] view
+    cdef const uint8_t[:, :, ::1] blocks
     cdef QMatrix m
-    keep.append(tensor.q)
-    m.q = &view[0, 0]
-    m.scale = tensor.scale
-    m.rows = view.shape[0]
-    m.cols = view.shape[1]
-    m.layout = QLAYOUT_I8_TENSOR
+    m.q = NULL
+    m.blocks = NULL
+    m.scale = 1
+    m.resident = resident
+    if isinstance(tensor, Int8Tensor):
+        view = tensor.q
+        keep.append(tensor.q)
+        m.q = &view[0, 0]
+        m.scale = tensor.scale
+        m.rows = view.shape[0]
+        m.cols = view.shape[1]
+        m.layout = QLAYOUT_I8_TENSOR
+    elif isinstance(tensor, Q8_0Tensor):
+        blocks = _array(tensor.blocks, "Q8_0 blocks", np.uint8, (3,))
+        keep.append(tensor.blocks)
+        m.blocks = &blocks[0, 0, 0]
+        m.rows = blocks.shape[0]
+        m.cols = blocks.shape[1] * Q8_0_BLOCK
+        m.layout = QLAYOUT_Q8_0
+    else:
+        raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
     return m
 
 
@@ -111,8 +140,8 @@ cdef float* _f32(object array, list keep) except NULL:
 
 
 cdef const float* _gain(object tensor, list keep) except? NULL:
-    """A norm gain dequantized once to an owned f32 array (exactly the
-    reference's q * scale); NULL for an absent (None) gain."""
+    """A norm gain (Int8Tensor or F32Tensor) dequantized once to an owned f32
+    array (exactly the reference's values); NULL for an absent (None) gain."""
     if tensor is None:
         return NULL
     return _f32(np.array(tensor.dequantize(), dtype=np.float32, order="C", copy=True), keep)
@@ -123,8 +152,9 @@ cdef class FastModel:
     """The whole forward pass of one model in Cython, over this module's kernels.
 
     FastModel(weights, cache_len): weights is a gemma_cy.weights.Weights (its
-    int8 matrices are used in place: zero-copy views of the mapped file),
-    cache_len the positions of the KV cache (1..config.max_seq_len).
+    matrices, Int8Tensor or Q8_0Tensor, are used in place: zero-copy views of
+    the mapped file; a tied lm_head is the embedding itself), cache_len the
+    positions of the KV cache (1..config.max_seq_len).
 
     ``run(ids, pos, logits=True, trace=False)`` runs the int32 ids at
     positions pos, pos+1, ... and returns how many positions completed.
@@ -207,10 +237,11 @@ cdef class FastModel:
         self.rope_bases[0] = c.rope_base
         self.rope_bases[1] = c.rope_base if c.rope_base_local is None else c.rope_base_local
 
-        self.embed_tokens = _qmatrix(weights["embed_tokens"], keep)
+        cdef bint resident = sum(_matrix_bytes(t) for t in weights.tensors.values()) <= RESIDENT_MODEL_BYTES
+        self.embed_tokens = _qmatrix(weights["embed_tokens"], keep, resident)
         if c.position_table:
-            self.embed_positions = _qmatrix(weights["embed_positions"], keep)
-        self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(weights["lm_head"], keep)
+            self.embed_positions = _qmatrix(weights["embed_positions"], keep, resident)
+        self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(weights["lm_head"], keep, resident)
         self.final_gain = _gain(weights["final_norm"], keep)
         self.layers = <LayerWeights*> PyMem_Malloc(c.n_layers * sizeof(LayerWeights))
         if self.layers == NULL:
@@ -219,13 +250,13 @@ cdef class FastModel:
         for layer in range(c.n_layers):
             w = &self.layers[layer]
             p = f"layers.{layer}."
-            w.q_proj = _qmatrix(weights[p + "q_proj"], keep)
-            w.k_proj = _qmatrix(weights[p + "k_proj"], keep)
-            w.v_proj = _qmatrix(weights[p + "v_proj"], keep)
-            w.o_proj = _qmatrix(weights[p + "o_proj"], keep)
-            w.gate_proj = _qmatrix(weights[p + "gate_proj"], keep)
-            w.up_proj = _qmatrix(weights[p + "up_proj"], keep)
-            w.down_proj = _qmatrix(weights[p + "down_proj"], keep)
+            w.q_proj = _qmatrix(weights[p + "q_proj"], keep, resident)
+            w.k_proj = _qmatrix(weights[p + "k_proj"], keep, resident)
+            w.v_proj = _qmatrix(weights[p + "v_proj"], keep, resident)
+            w.o_proj = _qmatrix(weights[p + "o_proj"], keep, resident)
+            w.gate_proj = _qmatrix(weights[p + "gate_proj"], keep, resident)
+            w.up_proj = _qmatrix(weights[p + "up_proj"], keep, resident)
+            w.down_proj = _qmatrix(weights[p + "down_proj"], keep, resident)
             w.attn_norm = _gain(weights[p + "attn_norm"], keep)
             w.ffn_norm = _gain(weights[p + "ffn_norm"], keep)
             w.q_norm = _gain(weights[p + "q_norm"] if c.qk_norm else None, keep)
@@ -302,6 +333,21 @@ cdef class FastModel:
                 done = self.steps(&tv[0], n, pos, logits)
         finally:
             self.tracing = False
+        return done
+
+    def run_token(self, Py_ssize_t token, Py_ssize_t pos):
+        """``run`` of the one id ``token`` at ``pos``, with logits and no trace:
+        a decode step without an ids array to build and check. Returns 1, or
+        0 when the position went non-finite (first_bad says where)."""
+        cdef int32_t tok
+        cdef Py_ssize_t done
+        if not 0 <= pos < self.cache_len:
+            raise IndexError(f"run: positions {pos}..{pos} outside the KV cache [0, {self.cache_len})")
+        if not 0 <= token < self.vocab_size:
+            raise IndexError(f"run: token id {token} outside the vocabulary [0, {self.vocab_size})")
+        tok = <int32_t> token
+        with nogil:
+            done = self.steps(&tok, 1, pos, True)
         return done
 
     # -----------------------------------------------------------------------
@@ -395,12 +441,15 @@ cdef class FastModel:
         k and v are computed straight into the cache slot of ``pos`` (rotated
         key, raw value); query head h reads kv head h * nkv // nh over the
         positions start .. pos of its window."""
-        cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads
+        cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads, kvd = self.kv_dim
         cdef Py_ssize_t h, g, t, start, n_att
         cdef float* k = &self.key_cache[layer, pos, 0, 0]  # (nkv, hd)
         cdef float* v = &self.value_cache[layer, pos, 0, 0]  # (nkv, hd)
         cdef float* qh
         cdef float* aoh
+        cdef float* att
+        cdef const float* keys
+        cdef const float* values
         k_matvec(self.q, &w.q_proj, x)  # (nh, hd)
         k_matvec(k, &w.k_proj, x)
         k_matvec(v, &w.v_proj, x)
@@ -417,18 +466,21 @@ cdef class FastModel:
 
         start = pos - w.window + 1 if w.window > 0 and pos - w.window + 1 > 0 else 0
         n_att = pos + 1 - start
+        att = &self.att[0]  # (n_att,)
         for h in range(nh):
             g = h * nkv // nh
             qh = self.q + h * hd
-            for t in range(start, pos + 1):
-                self.att[t - start] = k_dot_f32(qh, &self.key_cache[layer, t, g, 0], hd) * self.scores_scale
+            keys = &self.key_cache[layer, start, g, 0]  # key of position start + t: keys + t * kvd
+            values = &self.value_cache[layer, start, g, 0]
+            for t in range(n_att):
+                att[t] = k_dot_f32(qh, keys + t * kvd, hd) * self.scores_scale
             if self.attn_softcap > 0:
-                k_softcap(&self.att[0], n_att, self.attn_softcap)
-            k_softmax(&self.att[0], n_att)
+                k_softcap(att, n_att, self.attn_softcap)
+            k_softmax(att, n_att)
             aoh = self.ao + h * hd
             memset(aoh, 0, hd * sizeof(float))
-            for t in range(start, pos + 1):
-                k_axpy(aoh, self.att[t - start], &self.value_cache[layer, t, g, 0], hd)
+            for t in range(n_att):
+                k_axpy(aoh, att[t], values + t * kvd, hd)
         self.observe_layer(layer, OP_ATTN_OUT, self.ao, nh * hd)
         k_matvec(out, &w.o_proj, self.ao)  # (dim,)
         return 0
