@@ -7,7 +7,7 @@
 # raw and trusted (no checks: the def wrappers in common.pxi validate); int8
 # rows may start at any byte address; f32 pointers need only 4-byte alignment.
 # An output may be the same pointer as an input of the same shape (in-place)
-# except in k_gemv_i8 and k_matvec, where out must not overlap x.
+# except in the GEMVs (k_gemv_*, k_matvec), where out must not overlap x.
 
 from libc.stdint cimport int8_t, uint8_t, uint16_t
 
@@ -18,8 +18,9 @@ cdef enum QLayout:
 
 # Q8_0: each run of 32 values of a row is one block of 34 bytes, the f16 scale
 # d (little-endian) then the 32 int8 q; a row is cols / 32 blocks back to back,
-# rows back to back. Blocks start at any byte address (34 is not a multiple of
-# anything useful). Dequantized value = f32(d) * q.
+# rows back to back. Blocks start at any byte address (a GGUF tensor starts
+# 32-byte aligned; its 34-byte blocks do not stay so). Dequantized value =
+# f32(d) * q.
 cdef enum:
     Q8_0_BLOCK = 32  # values per block
     Q8_0_BYTES = 34  # bytes per block
