@@ -466,3 +466,18 @@ def test_fast_is_the_default_engine(tiny):
     assert engines.DEFAULT_ENGINE == "fast"
     assert isinstance(engines.make_engine("fast", tiny, 64), FastEngine)
     assert isinstance(engines.make_engine("reference", tiny, 64), ReferenceEngine)
+
+
+def test_long_prefill_in_chunks_equals_decoding_one_by_one(tiny):
+    """A prefill longer than PREFILL_CHUNK runs as several GIL-free calls;
+    it must equal running the positions one at a time."""
+    from gemma_cy.fast_engine import PREFILL_CHUNK
+    ids = [2] + [(7 * i) % 1000 + 10 for i in range(2 * PREFILL_CHUNK + 5)]
+    whole = FastEngine(tiny, 256)
+    last = whole.prefill(ids)
+    stepwise = FastEngine(tiny, 256)
+    for token in ids:
+        out = stepwise.decode(token)
+    np.testing.assert_array_equal(last, out)
+    np.testing.assert_array_equal(whole.model.cache_keys, stepwise.model.cache_keys)
+    assert whole.pos == stepwise.pos == len(ids)
