@@ -46,7 +46,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFormatError
-from .mapped import map_file
+from .mapped import atomic_write, map_file
 from ..ggml_quants import GGML_TYPE_IDS, GGML_TYPES
 from ..quant import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from ..weights import Weights, expected_shapes
@@ -543,26 +543,18 @@ def write_gguf(path, fields: Mapping[str, Any], tensors: Sequence[TensorData]) -
                          *(_encode_field(k, f) for k, f in typed.items()), *infos])
     except (ValueError, TypeError, struct.error, UnicodeEncodeError) as e:
         raise ModelFormatError(f"write {name}: {e}") from None
-    tmp = f"{name}.{os.getpid()}.partial"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(head)
-            f.write(bytes(-len(head) % alignment))
-            for t in tensors:
-                data = t.data() if callable(t.data) else t.data
-                data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-                if data.size != t.nbytes:
-                    raise ModelFormatError(
-                        f"write {name}: tensor {t.name!r}: {data.size} bytes, expected {t.nbytes} "
-                        f"for {GGML_TYPES[t.ggml_type].name} {list(t.dims)}")
-                f.write(memoryview(data))
-                f.write(bytes(-t.nbytes % alignment))
-        os.replace(tmp, name)
-    except OSError as e:
-        raise ModelFormatError(f"{name}: cannot write: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_write(name) as f:
+        f.write(head)
+        f.write(bytes(-len(head) % alignment))
+        for t in tensors:
+            data = t.data() if callable(t.data) else t.data
+            data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+            if data.size != t.nbytes:
+                raise ModelFormatError(
+                    f"write {name}: tensor {t.name!r}: {data.size} bytes, expected {t.nbytes} "
+                    f"for {GGML_TYPES[t.ggml_type].name} {list(t.dims)}")
+            f.write(memoryview(data))
+            f.write(bytes(-t.nbytes % alignment))
 
 
 # ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFormatError
-from .mapped import map_file
+from .mapped import atomic_write, map_file
 from ..quant import Int8Tensor
 from ..weights import Weights
 
@@ -203,20 +203,12 @@ def write_gmw(path, config: ModelConfig, tensors: dict[str, Int8Tensor]) -> None
     _check_tensors(name, layout, tensors)
     header = _HEADER.pack(MAGIC, VERSION, *(getattr(config, f) for f in _COUNT_FIELDS),
                           config.rope_base, bytes(_HEADER.size - _RESERVED_OFFSET))
-    tmp = name + ".partial"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header)
-            for tname, _ in layout:
-                t = tensors[tname]
-                f.write(memoryview(np.ascontiguousarray(t.q)).cast("B"))
-                f.write(struct.pack("<f", np.float32(t.scale)))
-        os.replace(tmp, name)
-    except OSError as e:
-        raise ModelFormatError(f"{name}: cannot write: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_write(name) as f:
+        f.write(header)
+        for tname, _ in layout:
+            t = tensors[tname]
+            f.write(memoryview(np.ascontiguousarray(t.q)).cast("B"))
+            f.write(struct.pack("<f", np.float32(t.scale)))
 
 
 def _check_expressible(name: str, config: ModelConfig) -> None:

@@ -1,11 +1,13 @@
-"""Opening a model file read-only and memory-mapping it, with one-line errors
-(every loader uses this, so a FIFO, a directory or a short file is refused the
-same way whatever the format)."""
+"""Model files on disk, the same way for every format: opening one read-only
+and memory-mapping it with one-line errors (a FIFO, a directory or a short
+file is refused alike), and writing one atomically."""
 from __future__ import annotations
 
 import mmap
 import os
 import stat
+from contextlib import contextmanager
+from typing import BinaryIO, Iterator
 
 from ..errors import ModelFormatError
 
@@ -38,3 +40,20 @@ def map_file(name: str, kind: str, header_size: int) -> mmap.mmap:
             raise ModelFormatError(f"{name}: cannot map the file: {e}") from None
     finally:
         os.close(fd)
+
+
+@contextmanager
+def atomic_write(name: str) -> Iterator[BinaryIO]:
+    """Write ``name`` through a private ``.partial`` file renamed into place
+    only when the block completes, so a reader never sees half a file; an
+    OSError becomes a one-line ModelFormatError."""
+    tmp = f"{name}.{os.getpid()}.partial"
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, name)
+    except OSError as e:
+        raise ModelFormatError(f"{name}: cannot write: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
