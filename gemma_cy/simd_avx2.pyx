@@ -8,4 +8,5 @@ C interface is kernels/api.pxi.
 """
 include "kernels/common.pxi"
 include "kernels/dot_avx2.pxi"
+include "kernels/q8_avx2.pxi"
 include "kernels/forward.pxi"

@@ -9,4 +9,5 @@ C interface is kernels/api.pxi.
 """
 include "kernels/common.pxi"
 include "kernels/dot_generic.pxi"
+include "kernels/q8_generic.pxi"
 include "kernels/forward.pxi"

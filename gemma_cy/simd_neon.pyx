@@ -8,4 +8,5 @@ C interface is kernels/api.pxi.
 """
 include "kernels/common.pxi"
 include "kernels/dot_neon.pxi"
+include "kernels/q8_generic.pxi"
 include "kernels/forward.pxi"

@@ -73,6 +73,40 @@ cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
 # not overlap x.
 cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil
 
+# out (n_tokens, w.rows) = x (n_tokens, w.cols) . dequantized w^T, row-major
+# (a prefill's projection of a block of positions): out[t, r] is
+# k_matvec's out[r] for x[t] bit for bit (the same dot product per row and
+# token; rows are read once per tile of tokens, so a block costs one pass
+# over the weights instead of one per token). out must not overlap x.
+cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens) noexcept nogil
+
+# --- int8 activations (the opt-in "q8" mode; SPEC Part C: the reference
+# quantizes the same way, gemma_cy.quant.quantize_activations_q8) ---
+#
+# Each run of 32 activations gets one f32 scale d = max|x| / 127 (f32
+# division) and q = rint(x * (1/d)) (f32 product, round half to even;
+# d == 0 gives q = 0): x (32 * n_blocks,) -> q (32 * n_blocks,), d (n_blocks,).
+cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks) noexcept nogil
+
+# (sum_b xd[b] * (sum_{i<32} w[32b+i] * xq[32b+i])) * scale: an int8 row with
+# one scale (GMW1) times quantized activations; each block's integer sum is
+# exact, scaled by its activation scale, the block terms summed in f32 (each
+# module's order in its q8_<isa>.pxi), the weight scale applied once at the end.
+cdef float k_dot_i8_q8(const int8_t* w, const int8_t* xq, const float* xd, Py_ssize_t n_blocks,
+                       float scale) noexcept nogil
+
+# sum_b (f32(d_b) * xd[b]) * (sum_{i<32} q_b[i] * xq[32b+i]): one row of Q8_0
+# blocks times quantized activations (llama.cpp's vec_dot_q8_0_q8_0 with an
+# f32 activation scale).
+cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* xd,
+                         Py_ssize_t n_blocks) noexcept nogil
+
+# k_gemm over quantized activations: xq (n_tokens, w.cols) int8, xd
+# (n_tokens, w.cols / 32); out[t, r] = k_dot_*_q8 of row r and token t.
+# w.cols must be a multiple of 32.
+cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
+                    Py_ssize_t n_tokens) noexcept nogil
+
 # out (w.cols,) = row ``row`` of w dequantized (an embedding lookup).
 cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil
 

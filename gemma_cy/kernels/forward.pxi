@@ -6,6 +6,17 @@
 # more positions through every layer in one call with the GIL released, with
 # no allocation and no Python inside.
 #
+# Positions run in blocks of up to BLOCK (a decode step is a block of one):
+# each layer takes the block as a (T, width) matrix, so a prefill reads each
+# weight matrix once per block (k_gemm) instead of once per position, and
+# the result is the same, bit for bit, as running the positions one by one
+# (the same dot product per row and position; attention of position t reads
+# the cache up to t only).
+#
+# Activations: f32 (the default), or "q8": every matrix input quantized to
+# int8 per block of 32 first (k_quantize_q8), the opt-in speed mode of SPEC
+# Part C that the reference mirrors (gemma_cy.quant.quantize_activations_q8).
+#
 # Included by every gemma_cy/simd_<isa>.pyx after the kernels, so each ISA
 # module has the whole step with its own kernels inlined. The engine around
 # it (index checks, observer calls, errors) is gemma_cy/fast_engine.py.
@@ -54,6 +65,10 @@ LAYER_TRACE_OPS = ("attn_norm", "q", "k", "v", "attn_out", "attn", "resid_attn",
 # the 270M-sized ones: ~260 MB.
 cdef enum:
     RESIDENT_MODEL_BYTES = 8 << 20
+
+# Positions per block of the forward pass (scratch is (BLOCK, width)).
+cdef enum:
+    BLOCK = 64
 
 # FastModel.first_bad: where a step's activations first went non-finite
 # (-1 the embedding, 0..n_layers-1 a layer's residual, n_layers the logits).
@@ -184,20 +199,24 @@ cdef class FastModel:
     cdef const float* final_gain  # (dim,)
     cdef LayerWeights* layers  # (n_layers,)
 
-    # run state: scratch buffers, allocated once
-    cdef float* x  # (dim,) residual stream
-    cdef float* xb  # (dim,) normed input of attention / MLP
-    cdef float* xb2  # (dim,) output of attention / MLP; the position row in embed
-    cdef float* q  # (qd,) queries
-    cdef float* ao  # (qd,) attention output (weighted sums of v), before o_proj
-    cdef float* hb  # (mlp,) gate, then act(gate) * up
-    cdef float* hb2  # (mlp,) up
-    cdef float* rope_cos  # (2, hd/2): cos of this position's angles, global and local base
-    cdef float* rope_sin  # (2, hd/2)
+    # run state: scratch buffers, allocated once; T = positions of the block
+    cdef bint act_q8  # quantize every matrix input to int8 per block of 32
+    cdef float* x  # (BLOCK, dim) residual stream
+    cdef float* xb  # (BLOCK, dim) normed input of attention / MLP
+    cdef float* xb2  # (BLOCK, dim) output of attention / MLP; the position row in embed
+    cdef float* q  # (BLOCK, qd) queries
+    cdef float* ao  # (BLOCK, qd) attention output (weighted sums of v), before o_proj
+    cdef float* hb  # (BLOCK, mlp) gate, then act(gate) * up
+    cdef float* hb2  # (BLOCK, mlp) up
+    cdef int8_t* xq  # (BLOCK, max width) a matrix input quantized (q8 mode)
+    cdef float* xd  # (BLOCK, max width / 32) its block scales (q8 mode)
+    cdef float* rope_cos  # (BLOCK, 2, hd/2): cos of each position's angles, global and local base
+    cdef float* rope_sin  # (BLOCK, 2, hd/2)
     cdef float* out  # (vocab,) logits
     cdef float[::1] att  # (cache_len,) scores, then probabilities, of one head
     cdef float[:, :, :, ::1] key_cache  # (n_layers, cache_len, nkv, hd), rotated keys
     cdef float[:, :, :, ::1] value_cache  # (n_layers, cache_len, nkv, hd), raw values
+    cdef int bad_at[BLOCK]  # per position of a block: ALL_FINITE or where it went non-finite
 
     # the trace of one position: embed, n_layers * the layer ops, final_norm, logits
     cdef bint tracing
@@ -216,10 +235,16 @@ cdef class FastModel:
     def __dealloc__(self):
         PyMem_Free(self.layers)
 
-    def __init__(self, weights, Py_ssize_t cache_len):
+    def __init__(self, weights, Py_ssize_t cache_len, str activations="f32"):
         c = weights.config
         if not 0 < cache_len <= c.max_seq_len:
             raise ValueError(f"cache_len = {cache_len}, must be in [1, {c.max_seq_len}]")
+        if activations not in ("f32", "q8"):
+            raise ValueError(f"activations = {activations!r}, expected 'f32' or 'q8'")
+        self.act_q8 = activations == "q8"
+        if self.act_q8 and any(width % Q8_0_BLOCK for width in (c.dim, c.q_dim, c.mlp_dim)):
+            raise ModelFormatError(f"int8 activations need dim, n_heads*head_dim and mlp_dim to be multiples "
+                                   f"of {Q8_0_BLOCK}; this model has {c.dim}, {c.q_dim}, {c.mlp_dim}")
         self._keep = [weights]  # weights.keepalive holds the mapped file
         keep = self._keep
         self.n_layers, self.dim, self.n_heads, self.n_kv_heads = c.n_layers, c.dim, c.n_heads, c.n_kv_heads
@@ -266,11 +291,18 @@ cdef class FastModel:
             w.rope_table = 1 if c.is_local(layer) else 0
             w.window = c.window(layer)
 
-        self.x, self.xb, self.xb2 = _f32(_zeros(c.dim), keep), _f32(_zeros(c.dim), keep), _f32(_zeros(c.dim), keep)
-        self.q, self.ao = _f32(_zeros(c.q_dim), keep), _f32(_zeros(c.q_dim), keep)
-        self.hb, self.hb2 = _f32(_zeros(c.mlp_dim), keep), _f32(_zeros(c.mlp_dim), keep)
-        self.rope_cos = _f32(_zeros(2 * (c.head_dim // 2)), keep)
-        self.rope_sin = _f32(_zeros(2 * (c.head_dim // 2)), keep)
+        self.x, self.xb, self.xb2 = (_f32(_zeros(BLOCK * c.dim), keep), _f32(_zeros(BLOCK * c.dim), keep),
+                                     _f32(_zeros(BLOCK * c.dim), keep))
+        self.q, self.ao = _f32(_zeros(BLOCK * c.q_dim), keep), _f32(_zeros(BLOCK * c.q_dim), keep)
+        self.hb, self.hb2 = _f32(_zeros(BLOCK * c.mlp_dim), keep), _f32(_zeros(BLOCK * c.mlp_dim), keep)
+        widest = max(c.dim, c.q_dim, c.mlp_dim)
+        xq = np.zeros(BLOCK * widest, np.int8)
+        cdef int8_t[::1] xq_view = xq
+        keep.append(xq)
+        self.xq = &xq_view[0]
+        self.xd = _f32(_zeros(BLOCK * (widest // Q8_0_BLOCK + 1)), keep)
+        self.rope_cos = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
+        self.rope_sin = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
         logits = _zeros(c.vocab_size)
         self.out = _f32(logits, keep)
         self.att = _zeros(cache_len)
@@ -351,65 +383,80 @@ cdef class FastModel:
         return done
 
     # -----------------------------------------------------------------------
-    # The forward pass (reads like reference/model.py and reference/layers.py)
+    # The forward pass (reads like reference/model.py and reference/layers.py,
+    # each layer over a block of T positions: row t of a (T, width) buffer
+    # is position pos0 + t)
 
     cdef Py_ssize_t steps(self, const int32_t* ids, Py_ssize_t n, Py_ssize_t pos0,
                           bint want_logits) except -1 nogil:
-        """Positions pos0 .. pos0+n-1 (prefill, or one decode step); logits of
-        the last only. Stops after a position that went non-finite."""
-        cdef Py_ssize_t i
-        for i in range(n):
-            self.forward(ids[i], pos0 + i, want_logits and i == n - 1)
-            if self.first_bad != ALL_FINITE:
-                return i
+        """Positions pos0 .. pos0+n-1 (prefill, or one decode step) in blocks
+        of BLOCK; logits of the last only. Stops after a block in which a
+        position went non-finite and returns that position's index."""
+        cdef Py_ssize_t lo = 0, t, size
+        while lo < n:
+            size = min(<Py_ssize_t> BLOCK, n - lo)
+            t = self.forward(ids + lo, size, pos0 + lo, want_logits and lo + size == n)
+            if t < size:
+                return lo + t
+            lo += size
         return n
 
-    cdef int forward(self, Py_ssize_t token, Py_ssize_t pos, bint want_logits) except -1 nogil:
-        """One position: x = embed; x = block(x) for each layer; final_norm;
-        logits (when want_logits) into self.out. Sets first_bad."""
-        cdef Py_ssize_t layer, half = self.head_dim // 2
+    cdef Py_ssize_t forward(self, const int32_t* ids, Py_ssize_t T, Py_ssize_t pos0,
+                            bint want_logits) except -1 nogil:
+        """Positions pos0 .. pos0+T-1 (T <= BLOCK): x = embed; x = block(x) for
+        each layer; final_norm and logits (when want_logits) of the last
+        position into self.out. Returns T, or the first position that went
+        non-finite (first_bad says where)."""
+        cdef Py_ssize_t layer, t, half = self.head_dim // 2, dim = self.dim
         cdef int table
-        self.first_bad = ALL_FINITE
-        for table in range(2):
-            k_rope_cos_sin(self.rope_cos + table * half, self.rope_sin + table * half,
-                           self.head_dim, pos, self.rope_bases[table])
-        self.embed(self.x, token, pos)  # (dim,)
-        self.observe(0, self.x, self.dim)
-        if not k_all_finite(self.x, self.dim):
-            self.first_bad = -1
+        for t in range(T):
+            for table in range(2):
+                k_rope_cos_sin(self.rope_cos + (2 * t + table) * half, self.rope_sin + (2 * t + table) * half,
+                               self.head_dim, pos0 + t, self.rope_bases[table])
+            self.embed(self.x + t * dim, ids[t], pos0 + t)  # (dim,)
+            self.bad_at[t] = ALL_FINITE if k_all_finite(self.x + t * dim, dim) else -1
+        self.observe(0, self.x, dim)
         for layer in range(self.n_layers):
-            self.block(self.x, &self.layers[layer], layer, pos)  # (dim,)
-            if self.first_bad == ALL_FINITE and not k_all_finite(self.x, self.dim):
-                self.first_bad = layer
-        self.final_norm(self.xb, self.x)  # (dim,)
-        self.observe(self.trace_head, self.xb, self.dim)
+            self.block(self.x, &self.layers[layer], layer, pos0, T)  # (T, dim)
+            for t in range(T):
+                if self.bad_at[t] == ALL_FINITE and not k_all_finite(self.x + t * dim, dim):
+                    self.bad_at[t] = layer
+        self.final_norm(self.xb, self.x + (T - 1) * dim)  # (dim,)
+        self.observe(self.trace_head, self.xb, dim)
         if want_logits:
             self.logits(self.out, self.xb)  # (vocab,)
-            self.observe(self.trace_head + self.dim, self.out, self.vocab_size)
-            if self.first_bad == ALL_FINITE and not k_all_finite(self.out, self.vocab_size):
-                self.first_bad = self.n_layers
-        return 0
+            self.observe(self.trace_head + dim, self.out, self.vocab_size)
+        self.first_bad = ALL_FINITE
+        for t in range(T):
+            if self.bad_at[t] != ALL_FINITE:
+                self.first_bad = self.bad_at[t]
+                return t
+        if want_logits and not k_all_finite(self.out, self.vocab_size):
+            self.first_bad = self.n_layers
+            return T - 1
+        return T
 
-    cdef int block(self, float* x, const LayerWeights* w, Py_ssize_t layer, Py_ssize_t pos) except -1 nogil:
-        """One transformer layer on x (dim,) in place:
+    cdef int block(self, float* x, const LayerWeights* w, Py_ssize_t layer, Py_ssize_t pos0,
+                   Py_ssize_t T) except -1 nogil:
+        """One transformer layer on x (T, dim) in place:
         x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x))."""
         cdef Py_ssize_t dim = self.dim
-        self.rmsnorm(self.xb, x, w.attn_norm, dim)  # (dim,)
+        self.rmsnorm(self.xb, x, w.attn_norm, dim, T)  # (T, dim)
         self.observe_layer(layer, OP_ATTN_NORM, self.xb, dim)
-        self.attention(self.xb2, self.xb, w, layer, pos)  # (dim,)
+        self.attention(self.xb2, self.xb, w, layer, pos0, T)  # (T, dim)
         if w.post_attn_norm != NULL:
-            self.rmsnorm(self.xb2, self.xb2, w.post_attn_norm, dim)
+            self.rmsnorm(self.xb2, self.xb2, w.post_attn_norm, dim, T)
         self.observe_layer(layer, OP_ATTN, self.xb2, dim)
-        k_add(x, self.xb2, dim)
+        k_add(x, self.xb2, T * dim)
         self.observe_layer(layer, OP_RESID_ATTN, x, dim)
 
-        self.rmsnorm(self.xb, x, w.ffn_norm, dim)  # (dim,)
+        self.rmsnorm(self.xb, x, w.ffn_norm, dim, T)  # (T, dim)
         self.observe_layer(layer, OP_FFN_NORM, self.xb, dim)
-        self.mlp(self.xb2, self.xb, w)  # (dim,)
+        self.mlp(self.xb2, self.xb, w, T)  # (T, dim)
         if w.post_ffn_norm != NULL:
-            self.rmsnorm(self.xb2, self.xb2, w.post_ffn_norm, dim)
+            self.rmsnorm(self.xb2, self.xb2, w.post_ffn_norm, dim, T)
         self.observe_layer(layer, OP_MLP, self.xb2, dim)
-        k_add(x, self.xb2, dim)
+        k_add(x, self.xb2, T * dim)
         self.observe_layer(layer, OP_RESID_MLP, x, dim)
         return 0
 
@@ -423,85 +470,100 @@ cdef class FastModel:
             k_matrix_row(self.xb2, &self.embed_positions, pos)
             k_add(out, self.xb2, self.dim)
 
-    cdef inline void rmsnorm(self, float* out, const float* x, const float* gain, Py_ssize_t n) noexcept nogil:
-        """x / sqrt(mean(x^2) + eps) * g, or * (1 + g): x, gain, out (n,)."""
-        k_rmsnorm(out, x, gain, n, self.norm_eps, self.one_plus)
+    cdef inline void rmsnorm(self, float* out, const float* x, const float* gain, Py_ssize_t n,
+                             Py_ssize_t rows) noexcept nogil:
+        """x / sqrt(mean(x^2) + eps) * g, or * (1 + g), of each row: x, out (rows, n), gain (n,)."""
+        cdef Py_ssize_t r
+        for r in range(rows):
+            k_rmsnorm(out + r * n, x + r * n, gain, n, self.norm_eps, self.one_plus)
 
-    cdef inline void rope(self, float* x, Py_ssize_t n_heads, Py_ssize_t table) noexcept nogil:
-        """Rotates each head of x (n_heads, hd) in place by this position's
-        angles (table 0: global base, 1: local base)."""
+    cdef inline void rope(self, float* x, Py_ssize_t n_heads, Py_ssize_t t, Py_ssize_t table) noexcept nogil:
+        """Rotates each head of x (n_heads, hd) in place by the angles of
+        position t of the block (table 0: global base, 1: local base)."""
         cdef Py_ssize_t half = self.head_dim // 2
-        k_rope_apply(x, self.rope_cos + table * half, self.rope_sin + table * half,
+        k_rope_apply(x, self.rope_cos + (2 * t + table) * half, self.rope_sin + (2 * t + table) * half,
                      n_heads, self.head_dim, self.pairing)
 
-    cdef int attention(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t layer,
-                       Py_ssize_t pos) except -1 nogil:
-        """Self-attention of one layer at one position: xn (dim,) -> out (dim,).
+    cdef inline void matmul(self, float* out, const QMatrix* w, const float* x, Py_ssize_t T) noexcept nogil:
+        """out (T, w.rows) = x (T, w.cols) . w^T; in q8 mode x is quantized to
+        int8 per block of 32 first."""
+        if self.act_q8:
+            k_quantize_q8(self.xq, self.xd, x, T * w.cols // Q8_0_BLOCK)
+            k_gemm_q8(out, w, self.xq, self.xd, T)
+        else:
+            k_gemm(out, w, x, T)
 
-        k and v are computed straight into the cache slot of ``pos`` (rotated
-        key, raw value); query head h reads kv head h * nkv // nh over the
-        positions start .. pos of its window."""
+    cdef int attention(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t layer,
+                       Py_ssize_t pos0, Py_ssize_t T) except -1 nogil:
+        """Self-attention of one layer over positions pos0 .. pos0+T-1:
+        xn (T, dim) -> out (T, dim).
+
+        k and v of the block are computed straight into the cache rows of its
+        positions (rotated key, raw value); then query head h of position t
+        reads kv head h * nkv // nh over the positions start .. pos0+t of its
+        window (causal: never a later position of the block)."""
         cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads, kvd = self.kv_dim
-        cdef Py_ssize_t h, g, t, start, n_att
-        cdef float* k = &self.key_cache[layer, pos, 0, 0]  # (nkv, hd)
-        cdef float* v = &self.value_cache[layer, pos, 0, 0]  # (nkv, hd)
+        cdef Py_ssize_t qd = self.q_dim, h, g, t, i, pos, start, n_att
+        cdef float* k = &self.key_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
+        cdef float* v = &self.value_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
         cdef float* qh
         cdef float* aoh
         cdef float* att
         cdef const float* keys
         cdef const float* values
-        k_matvec(self.q, &w.q_proj, x)  # (nh, hd)
-        k_matvec(k, &w.k_proj, x)
-        k_matvec(v, &w.v_proj, x)
+        self.matmul(self.q, &w.q_proj, x, T)  # (T, nh, hd)
+        self.matmul(k, &w.k_proj, x, T)  # (T, nkv, hd)
+        self.matmul(v, &w.v_proj, x, T)  # (T, nkv, hd)
         if w.q_norm != NULL:
-            for h in range(nh):
-                self.rmsnorm(self.q + h * hd, self.q + h * hd, w.q_norm, hd)
-            for g in range(nkv):
-                self.rmsnorm(k + g * hd, k + g * hd, w.k_norm, hd)
-        self.rope(self.q, nh, w.rope_table)
-        self.rope(k, nkv, w.rope_table)
-        self.observe_layer(layer, OP_Q, self.q, nh * hd)
-        self.observe_layer(layer, OP_K, k, nkv * hd)
-        self.observe_layer(layer, OP_V, v, nkv * hd)
+            self.rmsnorm(self.q, self.q, w.q_norm, hd, T * nh)
+            self.rmsnorm(k, k, w.k_norm, hd, T * nkv)
+        for t in range(T):
+            self.rope(self.q + t * qd, nh, t, w.rope_table)
+            self.rope(k + t * kvd, nkv, t, w.rope_table)
+        self.observe_layer(layer, OP_Q, self.q, qd)
+        self.observe_layer(layer, OP_K, k, kvd)
+        self.observe_layer(layer, OP_V, v, kvd)
 
-        start = pos - w.window + 1 if w.window > 0 and pos - w.window + 1 > 0 else 0
-        n_att = pos + 1 - start
         att = &self.att[0]  # (n_att,)
-        for h in range(nh):
-            g = h * nkv // nh
-            qh = self.q + h * hd
-            keys = &self.key_cache[layer, start, g, 0]  # key of position start + t: keys + t * kvd
-            values = &self.value_cache[layer, start, g, 0]
-            for t in range(n_att):
-                att[t] = k_dot_f32(qh, keys + t * kvd, hd) * self.scores_scale
-            if self.attn_softcap > 0:
-                k_softcap(att, n_att, self.attn_softcap)
-            k_softmax(att, n_att)
-            aoh = self.ao + h * hd
-            memset(aoh, 0, hd * sizeof(float))
-            for t in range(n_att):
-                k_axpy(aoh, att[t], values + t * kvd, hd)
-        self.observe_layer(layer, OP_ATTN_OUT, self.ao, nh * hd)
-        k_matvec(out, &w.o_proj, self.ao)  # (dim,)
+        for t in range(T):
+            pos = pos0 + t
+            start = pos - w.window + 1 if w.window > 0 and pos - w.window + 1 > 0 else 0
+            n_att = pos + 1 - start
+            for h in range(nh):
+                g = h * nkv // nh
+                qh = self.q + t * qd + h * hd
+                keys = &self.key_cache[layer, start, g, 0]  # key of position start + i: keys + i * kvd
+                values = &self.value_cache[layer, start, g, 0]
+                for i in range(n_att):
+                    att[i] = k_dot_f32(qh, keys + i * kvd, hd) * self.scores_scale
+                if self.attn_softcap > 0:
+                    k_softcap(att, n_att, self.attn_softcap)
+                k_softmax(att, n_att)
+                aoh = self.ao + t * qd + h * hd
+                memset(aoh, 0, hd * sizeof(float))
+                for i in range(n_att):
+                    k_axpy(aoh, att[i], values + i * kvd, hd)
+        self.observe_layer(layer, OP_ATTN_OUT, self.ao, qd)
+        self.matmul(out, &w.o_proj, self.ao, T)  # (T, dim)
         return 0
 
-    cdef inline void mlp(self, float* out, const float* x, const LayerWeights* w) noexcept nogil:
-        """Gated MLP: down(act(gate x) * (up x)); xn (dim,) -> out (dim,)."""
-        k_matvec(self.hb, &w.gate_proj, x)  # (mlp,)
-        k_matvec(self.hb2, &w.up_proj, x)  # (mlp,)
+    cdef inline void mlp(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t T) noexcept nogil:
+        """Gated MLP: down(act(gate x) * (up x)); xn (T, dim) -> out (T, dim)."""
+        self.matmul(self.hb, &w.gate_proj, x, T)  # (T, mlp)
+        self.matmul(self.hb2, &w.up_proj, x, T)  # (T, mlp)
         if self.gelu:
-            k_gelu_tanh_mul(self.hb, self.hb, self.hb2, self.mlp_dim)
+            k_gelu_tanh_mul(self.hb, self.hb, self.hb2, T * self.mlp_dim)
         else:
-            k_silu_mul(self.hb, self.hb, self.hb2, self.mlp_dim)
-        k_matvec(out, &w.down_proj, self.hb)  # (dim,)
+            k_silu_mul(self.hb, self.hb, self.hb2, T * self.mlp_dim)
+        self.matmul(out, &w.down_proj, self.hb, T)  # (T, dim)
 
     cdef inline void final_norm(self, float* out, const float* x) noexcept nogil:
         """RMSNorm with the final gain: (dim,) -> out (dim,)."""
-        self.rmsnorm(out, x, self.final_gain, self.dim)
+        self.rmsnorm(out, x, self.final_gain, self.dim, 1)
 
     cdef inline void logits(self, float* out, const float* x) noexcept nogil:
         """lm_head . x, soft-capped when final_softcap > 0: (dim,) -> out (vocab,)."""
-        k_matvec(out, &self.lm_head, x)
+        self.matmul(out, &self.lm_head, x, 1)
         if self.final_softcap > 0:
             k_softcap(out, self.vocab_size, self.final_softcap)
 
