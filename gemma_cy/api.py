@@ -11,18 +11,17 @@ from typing import Sequence
 
 import numpy as np
 
+from .chat import chat_format_for
 from .engines import DEFAULT_ENGINE, make_engine
 from .errors import ModelFormatError, ParameterError, TokenIndexError
 from .formats.gguf import read_gguf
 from .formats.gmw import read_gmw
+from .formats.llama2c import is_llama2c_checkpoint, read_llama2c
+from .llama2c_tokenizer import Llama2cTokenizer
 from .generation import Generation, Observer
 from .sampling import Sampler
 from .tokenizer import GreedyTokenizer
 from .weights import Weights
-
-CHAT_USER_TEMPLATE = "<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n"
-CHAT_TURN_END = "<end_of_turn>\n"  # closes the model's turn before the next user turn
-STOP_PIECES = ("<end_of_turn>",)  # chat turns end here (SPEC B); stop on it as on <eos>
 
 
 def read_magic(path: str) -> bytes:
@@ -45,32 +44,49 @@ def open_weights(path: str) -> Weights:
         return read_gmw(path)
     if magic == b"GGUF":
         return read_gguf(path)
-    raise ModelFormatError(f"{path}: unknown weights format (magic {magic!r}; supported: GMW1, GGUF)")
+    if is_llama2c_checkpoint(path):  # the v2 magic, a ".bin" name, or a legacy header fitting the size
+        return read_llama2c(path)
+    raise ModelFormatError(f"{path}: unknown weights format (magic {magic!r}; supported: GMW1, GGUF, "
+                           f"llama2.c .bin)")
 
 
 def open_tokenizer(path: str):
     """Read a tokenizer, choosing the format by its magic bytes: a GMT1 file
-    (longest-match), or the vocabulary inside a GGUF model (SentencePiece)."""
+    (longest-match), or the vocabulary inside a GGUF model (by its
+    ``tokenizer.ggml.model``: "gpt2" byte-level BPE, else SentencePiece)."""
     magic = read_magic(path)
     if magic == b"GMT1":
         return GreedyTokenizer.from_file(path)
     if magic == b"GGUF":
+        from .formats.gguf import parse_gguf
+        gf = parse_gguf(path)
+        if gf.value("tokenizer.ggml.model") == "gpt2":
+            from .bpe_tokenizer import BPETokenizer
+            return BPETokenizer.from_gguf(gf)
         from .sp_tokenizer import SentencePieceTokenizer
-        return SentencePieceTokenizer.from_gguf(path)
-    raise ModelFormatError(f"{path}: unknown tokenizer format (magic {magic!r}; supported: GMT1, GGUF)")
+        return SentencePieceTokenizer.from_gguf(gf)
+    if path.endswith(".bin"):  # llama2.c's tokenizer.bin has no magic
+        return Llama2cTokenizer.from_file(path)
+    raise ModelFormatError(f"{path}: unknown tokenizer format (magic {magic!r}; supported: GMT1, GGUF, "
+                           f"llama2.c tokenizer.bin)")
 
 
 def default_tokenizer_path(weights: str) -> str:
-    """A GGUF carries its own vocabulary; a GMW1 file's tokenizer sits next to it (+ ".tok")."""
-    return weights if read_magic(weights) == b"GGUF" else weights + ".tok"
+    """A GGUF carries its own vocabulary; a llama2.c checkpoint's is tokenizer.bin in
+    its directory (run.c's default name); a GMW1 file's tokenizer sits next to it (+ ".tok")."""
+    magic = read_magic(weights)
+    if magic != b"GMW1" and magic != b"GGUF" and is_llama2c_checkpoint(weights):
+        return os.path.join(os.path.dirname(weights), "tokenizer.bin")
+    return weights if magic == b"GGUF" else weights + ".tok"
 
 
 def load(weights: str, tokenizer: str | None = None, engine: str = DEFAULT_ENGINE,
-         max_cache_len: int = 8192) -> "Model":
+         max_cache_len: int = 8192, activations: str = "f32") -> "Model":
     """Load a model: ``weights`` file path (GMW1 or GGUF), ``tokenizer`` path
     (default: the GGUF itself, or weights + ".tok" for GMW1), ``engine``
     "fast" | "reference", and the KV cache length (context =
-    min(max_cache_len, the model's max_seq_len))."""
+    min(max_cache_len, the model's max_seq_len)). ``activations="q8"`` is
+    the opt-in int8-activation speed mode (gemma_cy.engines.make_engine)."""
     weights = os.fspath(weights)
     loaded = open_weights(weights)
     tok = open_tokenizer(os.fspath(tokenizer) if tokenizer is not None else default_tokenizer_path(weights))
@@ -78,21 +94,22 @@ def load(weights: str, tokenizer: str | None = None, engine: str = DEFAULT_ENGIN
         raise ModelFormatError(
             f"tokenizer vocab_size = {tok.vocab_size} does not match the weights' vocab_size = "
             f"{loaded.config.vocab_size}")
-    return Model(loaded, tok, engine, max_cache_len)
+    return Model(loaded, tok, engine, max_cache_len, activations)
 
 
 class Model:
     """A loaded model: weights, tokenizer and an engine with its KV cache."""
 
     def __init__(self, weights: Weights, tokenizer: GreedyTokenizer, engine: str = DEFAULT_ENGINE,
-                 max_cache_len: int = 8192):
+                 max_cache_len: int = 8192, activations: str = "f32"):
         self.weights = weights
         self.config = weights.config
         self.tokenizer = tokenizer
         self.engine_name = engine
-        self.engine = make_engine(engine, weights, max_cache_len)
+        self.engine = make_engine(engine, weights, max_cache_len, activations)
+        self.chat = chat_format_for(tokenizer)  # None: the model has no chat template
         stops = {tokenizer.eos_id, *self.config.eos_ids}
-        for piece in STOP_PIECES:
+        for piece in self.chat.stop_pieces if self.chat else ():
             tid = tokenizer.token_id(piece)
             if tid is not None:
                 stops.add(tid)
@@ -103,9 +120,12 @@ class Model:
         """Positions in the KV cache: min(max_cache_len, model max)."""
         return self.engine.cache_len
 
-    def tokenize(self, text: str | bytes, add_bos: bool = True, parse_special: bool = False) -> list[int]:
-        """Token ids of ``text`` (BOS first unless ``add_bos`` is False).
-        Control pieces typed in ``text`` stay plain text unless ``parse_special``."""
+    def tokenize(self, text: str | bytes, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``, BOS first if ``add_bos`` (default: as the
+        model's tokenizer says; Gemma yes, SmolLM2 no). Control pieces typed
+        in ``text`` stay plain text unless ``parse_special``."""
+        if add_bos is None:
+            add_bos = self.tokenizer.add_bos
         ids = self.tokenizer.encode(text, parse_special=parse_special)
         return [self.tokenizer.bos_id] + ids if add_bos else ids
 
@@ -114,13 +134,23 @@ class Model:
         return self.tokenizer.decode(list(ids))
 
     def chat_ids(self, prompt: str, first_turn: bool = True) -> list[int]:
-        """``<bos>`` + one user turn in Gemma's template, ready for the model's reply.
-        The template's markers are control tokens; the user's text is plain text.
+        """One user turn in the model's chat template (``gemma_cy.chat``), ready
+        for the model's reply: ``<bos>`` (if the model adds one) and the
+        template's opening (e.g. a default system message) first. The
+        template's markers are control tokens; the user's text is plain text.
         A later turn of a chat that kept its KV cache (``first_turn=False``)
-        has no ``<bos>`` and first closes the model's previous turn: generation
-        stops on ``<end_of_turn>`` without feeding it to the cache."""
-        before, after = CHAT_USER_TEMPLATE.split("{prompt}")
-        start = [self.tokenizer.bos_id] if first_turn else self.tokenizer.encode(CHAT_TURN_END, parse_special=True)
+        has neither and first closes the model's previous turn: generation
+        stops on its end-of-turn piece without feeding it to the cache.
+        Raises ParameterError when the model has no chat template."""
+        if self.chat is None:
+            raise ParameterError(f"chat format: {self.weights.source or 'this model'} has no chat template "
+                                 f"(neither Gemma's nor ChatML); run it without --chat_format")
+        before, after = self.chat.user.split("{prompt}")
+        if first_turn:
+            start = (([self.tokenizer.bos_id] if self.tokenizer.add_bos else [])
+                     + self.tokenizer.encode(self.chat.first, parse_special=True))
+        else:
+            start = self.tokenizer.encode(self.chat.turn_end, parse_special=True)
         return (start
                 + self.tokenizer.encode(before, parse_special=True)
                 + self.tokenizer.encode(prompt, parse_special=False)
@@ -128,13 +158,14 @@ class Model:
 
     def prompt_ids(self, prompt: str | bytes | Sequence[int], chat_format: bool = False,
                    parse_special: bool = False) -> list[int]:
-        """The ids a prompt runs as: text is tokenized with BOS first (an empty
-        prompt is just [BOS]); a sequence of ints is taken as ids, checked."""
+        """The ids a prompt runs as: text is tokenized, BOS first if the model
+        adds one (an empty prompt is just [BOS] either way: the model needs
+        one token to start from); a sequence of ints is taken as ids, checked."""
         if isinstance(prompt, (str, bytes)):
             if chat_format:
                 text = prompt.decode("utf-8", "replace") if isinstance(prompt, bytes) else prompt
                 return self.chat_ids(text)
-            return self.tokenize(prompt, add_bos=True, parse_special=parse_special)
+            return self.tokenize(prompt, parse_special=parse_special) or [self.tokenizer.bos_id]
         ids = [int(i) for i in prompt]
         for i in ids:
             if not 0 <= i < self.config.vocab_size:

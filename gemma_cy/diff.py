@@ -214,8 +214,10 @@ def diff(reference, other, prompt_ids: Sequence[int], n_steps: int = 64) -> Diff
 
 
 def diff_engines(weights: Weights, prompt_ids: Sequence[int], n_steps: int = 64,
-                 max_cache_len: int = 8192, engines: tuple[str, str] = ("reference", "fast")) -> DiffReport:
-    """Build engines ``engines`` (reference first) over ``weights`` and diff them."""
-    reference = make_engine(engines[0], weights, max_cache_len)
-    other = make_engine(engines[1], weights, max_cache_len)
+                 max_cache_len: int = 8192, engines: tuple[str, str] = ("reference", "fast"),
+                 activations: str = "f32") -> DiffReport:
+    """Build engines ``engines`` (reference first) over ``weights``, both with
+    ``activations`` ("f32" or the opt-in "q8"), and diff them."""
+    reference = make_engine(engines[0], weights, max_cache_len, activations)
+    other = make_engine(engines[1], weights, max_cache_len, activations)
     return diff(reference, other, prompt_ids, n_steps)

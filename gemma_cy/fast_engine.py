@@ -45,15 +45,19 @@ class FastEngine:
     gemma_cy_reference.model.ReferenceEngine: ``config``, ``cache_len``,
     ``pos`` (positions filled so far), ``reset()``, ``forward(token, pos)``,
     ``prefill(ids)``, ``decode(token)``, each returning the logits (vocab,)
-    f32 as a new array the caller owns. ``model`` is the FastModel (its
+    f32 as a new array the caller owns. ``activations``: "f32" (default) or
+    "q8" (the opt-in int8-activation speed mode, SPEC Part C; the reference
+    engine mirrors it). ``model`` is the FastModel (its
     ``cache_keys``/``cache_values`` are read-only views of the KV cache).
     """
 
-    def __init__(self, weights: Weights, max_cache_len: int, isa: str | None = None) -> None:
+    def __init__(self, weights: Weights, max_cache_len: int, isa: str | None = None,
+                 activations: str = "f32") -> None:
         self.config = weights.config
         self.cache_len = cache_length(max_cache_len, self.config)
         self.isa = ops.ISA if isa is None else isa
-        self.model = ops.module_for(self.isa).FastModel(weights, self.cache_len)
+        self.activations = activations
+        self.model = ops.module_for(self.isa).FastModel(weights, self.cache_len, activations)
         self.pos = 0
         layout = self.model.trace_layout
         # (layer, op, offset, size, shape) of each observer call of a position, in order

@@ -116,7 +116,7 @@ class Generation:
 
     def _run(self) -> Iterator[Step]:
         budget = self.max_new_tokens
-        decoder = self.tokenizer.stream_decoder()
+        decoder = self.tokenizer.stream_decoder(prev_id=self.prompt_ids[-1])
         try:
             start = time.perf_counter()
             logits = self.engine.prefill(self.prompt_ids, self.observer)

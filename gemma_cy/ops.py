@@ -24,6 +24,8 @@ Python API (all arrays C-contiguous; read-only inputs are fine):
     dequantize_i8(q, scale, out=None) -> out
     dot_q8_0(blocks, x) -> float              blocks uint8 (n_blocks, 34)
     gemv_q8_0(blocks, x, out=None) -> out     blocks uint8 (rows, n_blocks, 34)
+    quantize_q8(x) -> (q, d)                  x (32 n,) -> int8 (32 n,), f32 (n,): the q8 mode's rule
+    gemm(tensor, x, activations="f32") -> out x (T, cols) -> (T, rows), as a block of the forward pass
     dequantize_q8_0(blocks, out=None) -> out  (32 * n_blocks,)
 Wrong dtypes raise TypeError; wrong shapes, non-contiguous arrays and bad
 ``out`` arrays raise ValueError. Cython callers use the ``k_*`` C functions
@@ -107,3 +109,5 @@ dequantize_i8 = _impl.dequantize_i8
 dot_q8_0 = _impl.dot_q8_0
 gemv_q8_0 = _impl.gemv_q8_0
 dequantize_q8_0 = _impl.dequantize_q8_0
+quantize_q8 = _impl.quantize_q8
+gemm = _impl.gemm

@@ -210,3 +210,38 @@ def _describe(a) -> str:
     if isinstance(a, np.ndarray):
         return f"{a.dtype} array of shape {a.shape}"
     return type(a).__name__
+
+
+# ---------------------------------------------------------------------------
+# int8 activations: the opt-in "q8" speed mode (SPEC Part C). The fast path
+# (kernels/q8_*.pxi, k_quantize_q8) and the reference quantize every matrix
+# input with this one rule, bit for bit.
+
+
+def quantize_activations_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize f32 activations x (..., n), n % 32 == 0, per block of 32:
+    returns q int8 (..., n) and d f32 (..., n // 32), x ~= q * d.
+
+        d = max|x| / 127 (f32 division);  q = rint(x * (1 / d)) (f32 product,
+        halves to even, as the CPU's float->int conversion); q = 0 when
+        d == 0 or 1/d overflows (a block below ~1e-38).
+
+    max|x| is taken on the bit patterns with the sign cleared, so a block
+    holding NaN gets a NaN d and one holding inf an inf d: a non-finite input
+    gives non-finite products, never finite ones. Non-finite q values are
+    -128 (the int8 saturation of the CPU's 0x80000000).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim == 0 or x.shape[-1] % Q8_0_BLOCK != 0:
+        raise ValueError(f"q8 activations need a last axis that is a multiple of {Q8_0_BLOCK}, "
+                         f"got shape {x.shape}")
+    blocks = x.reshape(x.shape[:-1] + (-1, Q8_0_BLOCK))  # (..., nb, 32)
+    bits = np.max(blocks.view(np.uint32) & np.uint32(0x7FFFFFFF), axis=-1)  # (..., nb)
+    d = bits.view(np.float32) / np.float32(127)  # (..., nb) f32
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)  # (..., nb)
+    inv[inv == np.inf] = 0  # a block so small that 1/d overflows: q = 0, as for d == 0
+    with np.errstate(invalid="ignore"):
+        v = np.rint(blocks * inv[..., None])  # (..., nb, 32) f32
+    q = np.where((v >= -128) & (v <= 127), v, -128).astype(np.int8)
+    return q.reshape(x.shape), d

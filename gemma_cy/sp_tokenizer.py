@@ -67,8 +67,9 @@ SPECIAL_KEYS = {
 }
 
 
-def read_gguf_vocab(path: str | os.PathLike) -> tuple[list[bytes], list[float], list[int], dict[str, int]]:
-    """``(pieces, scores, types, special ids)`` from a GGUF file's metadata.
+def read_gguf_vocab(path) -> tuple[list[bytes], list[float], list[int], dict[str, int]]:
+    """``(pieces, scores, types, special ids)`` from a GGUF file's metadata
+    (``path``, or the file already parsed: a ``GGUFFile``).
 
     The special ids dict maps "bos", "eos", "unk", "pad" to the ids the file
     gives (keys it lacks are left out). The file is parsed and validated by
@@ -77,7 +78,7 @@ def read_gguf_vocab(path: str | os.PathLike) -> tuple[list[bytes], list[float], 
     """
     from .formats import gguf
 
-    gf = gguf.parse_gguf(path)
+    gf = path if isinstance(path, gguf.GGUFFile) else gguf.parse_gguf(path)
     name = gf.path
 
     def array(key: str, item_types: tuple[int, ...]) -> list:
@@ -277,10 +278,13 @@ class SentencePieceTokenizer(PieceTable):
             if first_bytes else None
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike) -> SentencePieceTokenizer:
-        """The tokenizer a GGUF file's metadata describes (see ``read_gguf_vocab``)."""
-        name = os.fspath(path)
-        pieces, scores, types, special = read_gguf_vocab(name)
+    def from_gguf(cls, path) -> SentencePieceTokenizer:
+        """The tokenizer a GGUF file's metadata describes (``path`` or a parsed
+        ``GGUFFile``; see ``read_gguf_vocab``)."""
+        from .formats.gguf import GGUFFile
+
+        name = path.path if isinstance(path, GGUFFile) else os.fspath(path)
+        pieces, scores, types, special = read_gguf_vocab(path)
         for key in ("bos", "eos", "unk"):
             if key not in special:
                 raise ModelFormatError(f"{name}: metadata key {SPECIAL_KEYS[key]} missing")

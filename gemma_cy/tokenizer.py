@@ -102,8 +102,12 @@ class PieceTable:
     """What every tokenizer shares once its pieces are known: id checks and
     decoding. A subclass sets ``vocab_size``, ``_out`` (id -> the bytes it
     decodes to, b"" for control tokens), ``_ids`` (piece -> first id) and
-    ``_control`` (id -> bool)."""
+    ``_control`` (id -> bool); it may override ``add_bos`` (does the model
+    expect BOS before a prompt?) and ``chat_template`` (the model file's
+    Jinja chat template, see ``gemma_cy.chat``)."""
 
+    add_bos: bool = True
+    chat_template: str | None = None
     vocab_size: int
     _out: list[bytes]
     _ids: dict[bytes, int]
@@ -137,8 +141,10 @@ class PieceTable:
         """``decode_bytes(ids)`` as text; invalid UTF-8 becomes U+FFFD."""
         return self.decode_bytes(ids).decode("utf-8", "replace")
 
-    def stream_decoder(self) -> StreamDecoder:
-        """A decoder fed one id at a time that never splits a character."""
+    def stream_decoder(self, prev_id: int | None = None) -> StreamDecoder:
+        """A decoder fed one id at a time that never splits a character.
+        ``prev_id``, the id before the first one pushed, does not change the
+        text here (llama2.c's tokenizer drops a leading space after BOS)."""
         return StreamDecoder(self)
 
     def token_id(self, piece: str | bytes) -> int | None:

@@ -9,7 +9,9 @@ Read top to bottom, this is the model (SPEC A5 for the seed, B for Gemma 3):
     logits = logits(final_norm(x))                              # (vocab,)
 
 Everything is f32, computed from weights dequantized once (SPEC Part C); the
-only f64 is the RoPE angle table (see ``rope_cos_sin``). The Cython fast path
+only f64 is the RoPE angle table (see ``rope_cos_sin``). In the opt-in "q8"
+mode the matrices are ``Q8Matrix`` instead: ``w @ x`` quantizes x to int8
+per block of 32 first, as the fast path's q8 mode does, bit for bit. The Cython fast path
 mirrors these functions one to one: same names, same signatures.
 
 Abbreviations used in the shape comments:
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gemma_cy.config import ModelConfig
+from gemma_cy.quant import Q8_0_BLOCK, Int8Tensor, Q8_0Tensor, quantize_activations_q8
 from gemma_cy.observe import Observer  # observer(layer, op, pos, value): the calls are listed there
 from gemma_cy.weights import Weights
 
@@ -39,7 +42,8 @@ GELU_TANH_A = np.float32(0.044715)
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One transformer layer's tensors as f32 (see gemma_cy.weights)."""
+    """One transformer layer's tensors as f32 (see gemma_cy.weights); in the
+    q8 mode the seven matrices are Q8Matrix."""
 
     q_proj: np.ndarray  # (qd, dim)
     k_proj: np.ndarray  # (kvd, dim)
@@ -56,6 +60,54 @@ class LayerWeights:
     post_ffn_norm: np.ndarray | None  # (dim,) when config.post_norms
 
 
+class Q8Matrix:
+    """A weight matrix (rows, cols) for the q8 mode: ``w @ x`` quantizes x
+    (cols,) to int8 per block of 32 (gemma_cy.quant.quantize_activations_q8)
+    and returns (rows,) f32, bit for bit what the fast path computes:
+
+        isum[r, b] = sum_i wq[r, b, i] * xq[b, i]     exact integers (< 2^20)
+        s[r, b]    = xd[b]                  Int8Tensor (one weight scale w_s)
+                   = f32(d[r, b] * xd[b])   Q8_0Tensor (block scales d)
+        out[r]     = f32(sum_b f64(isum[r, b]) * f64(s[r, b]) [* f64(w_s)])
+
+    with the f64 sum taken block after block (each product is exact in f64;
+    the order is the kernels' order, so the sums are the same numbers).
+    """
+
+    ROWS_PER_CHUNK = 8192  # bounds the f32 copy of the int8 values to ~20 MB at cols 640
+
+    def __init__(self, tensor: Int8Tensor | Q8_0Tensor) -> None:
+        rows, cols = tensor.shape
+        if cols % Q8_0_BLOCK:
+            raise ValueError(f"q8 activations need cols % {Q8_0_BLOCK} == 0, got a ({rows}, {cols}) matrix")
+        self.shape = (rows, cols)
+        if isinstance(tensor, Q8_0Tensor):
+            self.wq = tensor.qs  # (rows, nb, 32) int8
+            self.wd = tensor.d.astype(np.float32).reshape(rows, -1)  # (rows, nb) f32
+            self.scale = None
+        else:
+            self.wq = tensor.q.reshape(rows, -1, Q8_0_BLOCK)  # (rows, nb, 32) int8
+            self.wd = None
+            self.scale = np.float64(np.float32(tensor.scale))
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        xq, xd = quantize_activations_q8(x)  # (cols,) int8, (nb,) f32
+        xq = xq.reshape(-1, Q8_0_BLOCK).astype(np.float32)  # (nb, 32)
+        out = np.empty(self.shape[0], dtype=np.float32)  # (rows,)
+        for r in range(0, self.shape[0], self.ROWS_PER_CHUNK):
+            wq = self.wq[r:r + self.ROWS_PER_CHUNK].astype(np.float32)  # (n, nb, 32)
+            isum = np.einsum("rbk,bk->rb", wq, xq).astype(np.float64)  # (n, nb), exact integers
+            if self.scale is None:
+                s = (self.wd[r:r + len(wq)] * xd).astype(np.float64)  # (n, nb): f32 product, then f64
+            else:
+                s = np.broadcast_to(xd.astype(np.float64), isum.shape)  # (n, nb)
+            acc = np.zeros(len(wq), dtype=np.float64)  # (n,)
+            for b in range(isum.shape[1]):  # block after block, as the kernels
+                acc += isum[:, b] * s[:, b]
+            out[r:r + len(wq)] = acc if self.scale is None else acc * self.scale
+        return out
+
+
 @dataclass(frozen=True)
 class F32Weights:
     """The whole model's tensors as f32: what the reference computes with."""
@@ -67,12 +119,19 @@ class F32Weights:
     lm_head: np.ndarray  # (vocab, dim); the same array as embed_tokens when tied
 
     @classmethod
-    def from_weights(cls, weights: Weights) -> "F32Weights":
-        """Dequantize every tensor of ``weights`` (q * scale, SPEC A2) once."""
+    def from_weights(cls, weights: Weights, activations: str = "f32") -> "F32Weights":
+        """Dequantize every tensor of ``weights`` (q * scale, SPEC A2) once.
+        activations "q8": the matrices become Q8Matrix (int8 inputs) instead;
+        the embedding rows and norm gains stay f32."""
         c = weights.config
+        if activations not in ("f32", "q8"):
+            raise ValueError(f"activations = {activations!r}, expected 'f32' or 'q8'")
 
         def deq(name: str) -> np.ndarray:
             return weights[name].dequantize()
+
+        def matrix(name: str):
+            return Q8Matrix(weights[name]) if activations == "q8" else deq(name)
 
         def optional(name: str, present: bool) -> np.ndarray | None:
             return deq(name) if present else None
@@ -81,21 +140,24 @@ class F32Weights:
         for layer in range(c.n_layers):
             p = f"layers.{layer}."
             layers.append(LayerWeights(
-                q_proj=deq(p + "q_proj"), k_proj=deq(p + "k_proj"), v_proj=deq(p + "v_proj"),
-                o_proj=deq(p + "o_proj"), gate_proj=deq(p + "gate_proj"),
-                up_proj=deq(p + "up_proj"), down_proj=deq(p + "down_proj"),
+                q_proj=matrix(p + "q_proj"), k_proj=matrix(p + "k_proj"), v_proj=matrix(p + "v_proj"),
+                o_proj=matrix(p + "o_proj"), gate_proj=matrix(p + "gate_proj"),
+                up_proj=matrix(p + "up_proj"), down_proj=matrix(p + "down_proj"),
                 attn_norm=deq(p + "attn_norm"), ffn_norm=deq(p + "ffn_norm"),
                 q_norm=optional(p + "q_norm", c.qk_norm), k_norm=optional(p + "k_norm", c.qk_norm),
                 post_attn_norm=optional(p + "post_attn_norm", c.post_norms),
                 post_ffn_norm=optional(p + "post_ffn_norm", c.post_norms)))
         embed_tokens = deq("embed_tokens")
+        if activations == "q8":
+            lm_head = Q8Matrix(weights.lm_head)
+        else:  # tied: one array, not a second dequantized copy of the embedding
+            lm_head = embed_tokens if c.tied_embeddings else deq("lm_head")
         return cls(
             embed_tokens=embed_tokens,
             embed_positions=optional("embed_positions", c.position_table),
             layers=tuple(layers),
             final_norm=deq("final_norm"),
-            # tied: one array, not a second dequantized copy of the embedding
-            lm_head=embed_tokens if c.tied_embeddings else deq("lm_head"))
+            lm_head=lm_head)
 
 
 class KVCache:

@@ -36,7 +36,9 @@ class ReferenceEngine:
     """NumPy reference engine over ``weights`` with a KV cache of
     min(max_cache_len, config.max_seq_len) positions.
 
-    Computes in f32 from weights dequantized once here (SPEC Part C).
+    Computes in f32 from weights dequantized once here (SPEC Part C);
+    ``activations="q8"`` quantizes every matrix input to int8 per block of 32
+    (the fast path's opt-in q8 mode, mirrored bit for bit).
     ``pos`` counts the positions filled so far; prefill and decode continue
     from it, ``reset()`` starts over.
 
@@ -45,10 +47,11 @@ class ReferenceEngine:
     ``cache`` (KVCache).
     """
 
-    def __init__(self, weights: Weights, max_cache_len: int) -> None:
+    def __init__(self, weights: Weights, max_cache_len: int, activations: str = "f32") -> None:
         self.config = weights.config
         self.cache_len = cache_length(max_cache_len, self.config)
-        self.weights = F32Weights.from_weights(weights)
+        self.activations = activations
+        self.weights = F32Weights.from_weights(weights, activations)
         self.cache = KVCache(self.config, self.cache_len)
         self.pos = 0
 

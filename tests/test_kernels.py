@@ -24,30 +24,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from gemma_cy import ops
-from gemma_cy.cpu_features import supported
+
+from conftest import AVAILABLE, ISA, kernels
 
 ATOL, RTOL = 2e-3, 1e-3  # SPEC Part C, default
 ATOL_ACT, RTOL_ACT = 1e-4, 1e-5  # SPEC Part C, softmax and SiLU/GELU
 U = 2.0 ** -24  # unit roundoff of f32
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-AVAILABLE = ops.available()
-
-
-def _skip_reason(name: str) -> str:
-    need = ops.REQUIRES[name]
-    if need is not None and not supported()[need]:
-        return f"this CPU cannot run {name} (it runs: {', '.join(AVAILABLE)})"
-    return f"{name} is not built on this architecture"
-
-
-ISA = pytest.mark.parametrize("isa", [
-    pytest.param(name, marks=pytest.mark.skipif(name not in AVAILABLE, reason=_skip_reason(name)))
-    for name in ops.ISAS])
-
-
-def kernels(isa: str):
-    return ops.module_for(isa)
 
 
 def assert_close(actual, expected, atol=ATOL, rtol=RTOL):

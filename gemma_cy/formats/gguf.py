@@ -1,5 +1,5 @@
 """GGUF v2/v3, llama.cpp's model file: a strict reader, a writer, and the
-mapping of a Gemma 3 file to ``Weights``.
+mapping of a Gemma 3 or Llama file to ``Weights``.
 
 Layout (little-endian; v2 and v3 are laid out the same, v1 is not read):
 
@@ -25,7 +25,7 @@ NaN and Inf; alignment padding must be zero bytes. Every breach raises one ``Mod
 file, the field, the value found and the rule.
 
 ``parse_gguf`` returns the file as it is (metadata and raw tensors);
-``read_gguf`` maps a Gemma 3 file to ``Weights`` (``gguf_config`` for the
+``read_gguf`` maps a Gemma 3 or Llama file to ``Weights`` (``gguf_config`` for the
 metadata, ``TENSOR_NAMES`` for the tensor names). The engines run Q8_0
 matrices and F32 norms; other types go through ``gemma_cy.convert`` first.
 
@@ -558,9 +558,9 @@ def write_gguf(path, fields: Mapping[str, Any], tensors: Sequence[TensorData]) -
 
 
 # ---------------------------------------------------------------------------
-# Gemma 3: GGUF metadata -> ModelConfig, GGUF tensors -> Weights
+# Gemma 3 and Llama: GGUF metadata -> ModelConfig, GGUF tensors -> Weights
 
-SUPPORTED_ARCHITECTURES = ("gemma3",)
+SUPPORTED_ARCHITECTURES = ("gemma3", "llama")
 
 # llama.cpp tensor names -> Weights names (gemma_cy.weights); per layer
 # "blk.{l}.<key>.weight" -> "layers.{l}.<value>"
@@ -637,25 +637,12 @@ class _Meta:
 
 
 def gguf_config(gf: GGUFFile) -> ModelConfig:
-    """The ModelConfig of a parsed GGUF file (architecture "gemma3" only).
+    """The ModelConfig of a parsed GGUF file (architectures "gemma3" and "llama").
 
-    From metadata: sizes (``gemma3.*``), eps, RoPE global base
-    (``rope.freq_base``; the local base from ``rope.freq_base_swa``), sliding
-    window, soft-caps if present, bos/eos ids. vocab_size is the embedding's
-    row count. Derived for Gemma 3 where the file says nothing (as llama.cpp
-    does): local RoPE base 10000, pattern 6 (layer l global when (l+1) % 6
-    == 0), query scale 1/sqrt(query_pre_attn_scalar) with the scalar =
-    head_dim (dim // n_heads for the 62-layer 27B), embed_scale =
-    f32(sqrt(dim)), GELU-tanh, half-split RoPE, q/k-norm, sandwich norms, no
-    position table, tied embeddings when there is no ``output.weight``.
-    End of turn (``<end_of_turn>``, or ``tokenizer.ggml.eot_token_id``) is an
-    eos id too.
-
-    Norm gains: llama.cpp's converter stores Gemma's RMSNorm weights as
-    1 + w (its ``norm_shift``), so the gain is used as stored: "plain". (In
-    this file every norm value minus 1 is exactly a bf16, the checkpoint's
-    dtype: the +1 was added in f32 after reading bf16 w, the same f32 value
-    HF computes as ``1.0 + weight.float()``.)
+    Both: sizes (``{arch}.*``), eps, RoPE base (``rope.freq_base``), bos/eos
+    ids from ``tokenizer.ggml.*``; vocab_size is the embedding's row count;
+    no position table; tied embeddings when there is no ``output.weight``.
+    The architecture's own switches: ``_gemma3_switches``, ``_llama_switches``.
     """
     arch_field = gf.fields.get("general.architecture")
     if arch_field is None or arch_field.type != STRING:
@@ -683,10 +670,7 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     factor = m.float("{arch}.rope.scaling.factor", 1.0)
     if scaling not in ("none", "linear") or (scaling == "linear" and factor != 1.0):
         raise m.fail(f"metadata {arch}.rope.scaling: {scaling} x {factor} is not supported "
-                     f"(no RoPE scaling: Gemma 3 270M and 1B)")
-    window = m.int("{arch}.attention.sliding_window", default=0, low=0)
-    pattern = _swa_pattern(gf, m, arch, n_layers) if window else 0
-    pre_attn_scalar = dim // n_heads if n_layers == GEMMA3_27B_LAYERS else head_dim
+                     f"(no RoPE scaling: Gemma 3 270M and 1B, SmolLM2)")
     special = {}
     for key in ("bos", "eos", "eot"):
         f = gf.fields.get(f"tokenizer.ggml.{key}_token_id")
@@ -695,30 +679,83 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
         special[key] = None if f is None else int(f.value)
     vocab_size = emb.dims[1]
     _check_vocab_metadata(gf, vocab_size)
-    eos_ids = [special["eos"], special["eot"] if special["eot"] is not None
-               else _token_id(gf, "<end_of_turn>")]
+    switches = (_gemma3_switches if arch == "gemma3" else _llama_switches)(gf, m, n_layers, dim, n_heads, head_dim)
+    eos_ids = [special["eos"], special["eot"]] + switches.pop("extra_eos_ids")
     try:
         return ModelConfig(
             n_layers=n_layers, dim=dim, n_heads=n_heads,
             n_kv_heads=m.int("{arch}.attention.head_count_kv", default=n_heads),
             head_dim=head_dim, mlp_dim=m.int("{arch}.feed_forward_length"),
             vocab_size=vocab_size, max_seq_len=m.int("{arch}.context_length"),
-            activation="gelu_tanh", rope_pairing="half_split",
-            rope_base=m.float("{arch}.rope.freq_base", GEMMA3_ROPE_BASE),
-            rope_base_local=m.float("{arch}.rope.freq_base_swa", GEMMA3_ROPE_BASE_LOCAL),
-            norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-            norm_gain="plain", position_table=False,
-            embed_scale=float(np.float32(math.sqrt(dim))),
-            qk_norm=True, post_norms=True,
-            query_scale=1.0 / math.sqrt(pre_attn_scalar),
-            sliding_window=window, sliding_window_pattern=pattern,
-            attn_softcap=m.float("{arch}.attn_logit_softcapping", 0.0),
-            final_softcap=m.float("{arch}.final_logit_softcapping", 0.0),
+            position_table=False,
             tied_embeddings="output.weight" not in gf.tensors,
             bos_id=special["bos"],
-            eos_ids=tuple(sorted({i for i in eos_ids if i is not None})))
+            eos_ids=tuple(sorted({i for i in eos_ids if i is not None})),
+            **switches)
     except ModelFormatError as e:
         raise ModelFormatError(f"{gf.path}: {e}") from None
+
+
+def _gemma3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
+                     head_dim: int) -> dict:
+    """Gemma 3's ModelConfig switches.
+
+    From metadata: RoPE global base (``rope.freq_base``; the local base from
+    ``rope.freq_base_swa``), eps, sliding window, soft-caps if present.
+    Derived where the file says nothing (as llama.cpp does): local RoPE base
+    10000, pattern 6 (layer l global when (l+1) % 6 == 0), query scale
+    1/sqrt(query_pre_attn_scalar) with the scalar = head_dim (dim // n_heads
+    for the 62-layer 27B), embed_scale = f32(sqrt(dim)), GELU-tanh,
+    half-split RoPE, q/k-norm, sandwich norms. End of turn
+    (``<end_of_turn>``, when ``tokenizer.ggml.eot_token_id`` is absent) is an
+    eos id too.
+
+    Norm gains: llama.cpp's converter stores Gemma's RMSNorm weights as
+    1 + w (its ``norm_shift``), so the gain is used as stored: "plain". (In
+    this file every norm value minus 1 is exactly a bf16, the checkpoint's
+    dtype: the +1 was added in f32 after reading bf16 w, the same f32 value
+    HF computes as ``1.0 + weight.float()``.)
+    """
+    window = m.int("{arch}.attention.sliding_window", default=0, low=0)
+    pattern = _swa_pattern(gf, m, m.arch, n_layers) if window else 0
+    pre_attn_scalar = dim // n_heads if n_layers == GEMMA3_27B_LAYERS else head_dim
+    has_eot = "tokenizer.ggml.eot_token_id" in gf.fields
+    return dict(
+        activation="gelu_tanh", rope_pairing="half_split",
+        rope_base=m.float("{arch}.rope.freq_base", GEMMA3_ROPE_BASE),
+        rope_base_local=m.float("{arch}.rope.freq_base_swa", GEMMA3_ROPE_BASE_LOCAL),
+        norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        norm_gain="plain", embed_scale=float(np.float32(math.sqrt(dim))),
+        qk_norm=True, post_norms=True,
+        query_scale=1.0 / math.sqrt(pre_attn_scalar),
+        sliding_window=window, sliding_window_pattern=pattern,
+        attn_softcap=m.float("{arch}.attn_logit_softcapping", 0.0),
+        final_softcap=m.float("{arch}.final_logit_softcapping", 0.0),
+        extra_eos_ids=[] if has_eot else [_token_id(gf, "<end_of_turn>")])
+
+
+def _llama_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
+                    head_dim: int) -> dict:
+    """Llama's ModelConfig switches (SmolLM2 is one): SiLU gating, plain
+    RMSNorm gains (no +1), embedding unscaled, no q/k-norm, no post-norms, no
+    sliding window, scores scaled by 1/sqrt(head_dim).
+
+    RoPE pairs are interleaved, (2j, 2j+1): llama.cpp's converter permutes
+    the rows of each q and k head from HF's half-split layout so that its own
+    adjacent-pair RoPE applies (HF's GGUF loader undoes the permutation and
+    rotates half-split: the same function). RoPE must cover the whole head
+    (``rope.dimension_count`` == head_dim).
+    """
+    rot = m.int("{arch}.rope.dimension_count", default=head_dim)
+    if rot != head_dim:
+        raise m.fail(f"metadata {m.arch}.rope.dimension_count = {rot} differs from head_dim = {head_dim}; "
+                     f"partial RoPE is not supported")
+    return dict(
+        activation="silu", rope_pairing="interleaved",
+        rope_base=m.float("{arch}.rope.freq_base", 10000.0),
+        norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-5),
+        norm_gain="plain", embed_scale=1.0, qk_norm=False, post_norms=False,
+        query_scale=1.0 / math.sqrt(head_dim), extra_eos_ids=[])
 
 
 def _swa_pattern(gf: GGUFFile, m: _Meta, arch: str, n_layers: int) -> int:
@@ -801,7 +838,7 @@ def check_model_tensors(gf: GGUFFile, config: ModelConfig,
 
 
 def read_gguf(path) -> Weights:
-    """Read a Gemma 3 GGUF file of Q8_0 matrices and F32 norms as Weights of
+    """Read a Gemma 3 or Llama GGUF file of Q8_0 matrices and F32 norms as Weights of
     zero-copy, read-only views (``Q8_0Tensor``, ``F32Tensor``) of the mapped
     file; the map stays alive through ``Weights.keepalive``. Tied embeddings
     stay one tensor. Raises ModelFormatError for anything ``parse_gguf`` or
@@ -831,7 +868,7 @@ def read_gguf(path) -> Weights:
 
 
 def read_gguf_f32(path) -> Weights:
-    """Read any supported Gemma 3 GGUF (Q4_K, Q5_0, Q6_K, Q8_0, F16, F32...)
+    """Read any supported Gemma 3 or Llama GGUF (Q4_K, Q4_1, Q5_0, Q6_K, Q8_0, F16, F32...)
     with every tensor dequantized to f32 (``F32Tensor``, owned arrays): the
     original weights as HF transformers sees them, for the reference engine's
     checks against an independent implementation. Not zero-copy (Gemma 3

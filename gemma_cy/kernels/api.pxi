@@ -88,16 +88,18 @@ cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_toke
 # d == 0 gives q = 0): x (32 * n_blocks,) -> q (32 * n_blocks,), d (n_blocks,).
 cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks) noexcept nogil
 
-# (sum_b xd[b] * (sum_{i<32} w[32b+i] * xq[32b+i])) * scale: an int8 row with
-# one scale (GMW1) times quantized activations; each block's integer sum is
-# exact, scaled by its activation scale, the block terms summed in f32 (each
-# module's order in its q8_<isa>.pxi), the weight scale applied once at the end.
+# f32((sum_b f64(isum_b) * f64(xd[b])) * f64(scale)), isum_b = sum_{i<32}
+# w[32b+i] * xq[32b+i]: an int8 row with one scale (GMW1) times quantized
+# activations. Each block's integer sum is exact, its product with the
+# block's scale exact in f64, the f64 sum runs block after block and is
+# rounded once: one order in every module and in the reference
+# (reference.layers.Q8Matrix), so the q8 products agree bit for bit.
 cdef float k_dot_i8_q8(const int8_t* w, const int8_t* xq, const float* xd, Py_ssize_t n_blocks,
                        float scale) noexcept nogil
 
-# sum_b (f32(d_b) * xd[b]) * (sum_{i<32} q_b[i] * xq[32b+i]): one row of Q8_0
+# f32(sum_b f64(isum_b) * f64(f32(f32(d_b) * xd[b]))): one row of Q8_0
 # blocks times quantized activations (llama.cpp's vec_dot_q8_0_q8_0 with an
-# f32 activation scale).
+# f32 activation scale, summed in f64 as k_dot_i8_q8).
 cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* xd,
                          Py_ssize_t n_blocks) noexcept nogil
 

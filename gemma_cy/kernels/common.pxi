@@ -110,20 +110,19 @@ cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_toke
 
 cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
                     Py_ssize_t n_tokens) noexcept nogil:
-    cdef Py_ssize_t t0, t, tn, r, rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
-    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
-    t0 = 0
+    # as k_gemm: tiles of tokens, each group of four rows read once per tile
+    cdef Py_ssize_t t0 = 0, t, tn, r, i, n, rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
+    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if w.layout == QLAYOUT_Q8_0 else cols
+    cdef const uint8_t* base = w.blocks if w.layout == QLAYOUT_Q8_0 else <const uint8_t*> w.q
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_TOKEN_TILE, n_tokens - t0)
-        for r in range(rows):
-            if w.layout == QLAYOUT_I8_TENSOR:
-                _prefetch_row(w.q + r * cols, cols)
-                for t in range(t0, t0 + tn):
-                    out[t * rows + r] = k_dot_i8_q8(w.q + r * cols, xq + t * cols, xd + t * nb, nb, w.scale)
-            else:
-                _prefetch_row(w.blocks + r * row_bytes, row_bytes)
-                for t in range(t0, t0 + tn):
-                    out[t * rows + r] = k_dot_q8_0_q8(w.blocks + r * row_bytes, xq + t * cols, xd + t * nb, nb)
+        for r in range(0, rows, 4):
+            n = min(4, rows - r)
+            if not w.resident:  # a model that stays in cache: the hints cost more than they give
+                for i in range(n):
+                    _prefetch_row(base + (r + i) * row_bytes, row_bytes)
+            for t in range(t0, t0 + tn):
+                _dot_rows_q8(out + t * rows + r, w, r, n, xq + t * cols, xd + t * nb)
         t0 += tn
 
 
@@ -665,3 +664,22 @@ def dequantize_q8_0(blocks, out=None):
         with nogil:
             k_dequantize_q8_0(&ov[0], &bv[0, 0], nb)
     return out
+
+
+def quantize_q8(x):
+    """Quantize f32 x (32 * n_blocks,) per block of 32 (k_quantize_q8, the
+    q8 mode): returns (q int8 (32 * n_blocks,), d f32 (n_blocks,)), bit-exact
+    with gemma_cy.quant.quantize_activations_q8."""
+    _array(x, "x", np.float32, (1,))
+    if x.shape[0] % Q8_0_BLOCK:
+        raise ValueError(f"quantize_q8: x has {x.shape[0]} values, not a multiple of {Q8_0_BLOCK}")
+    q = np.empty(x.shape[0], np.int8)
+    d = np.empty(x.shape[0] // Q8_0_BLOCK, np.float32)
+    cdef const float[::1] xv = x
+    cdef int8_t[::1] qv = q
+    cdef float[::1] dv = d
+    cdef Py_ssize_t nb = dv.shape[0]
+    if nb:
+        with nogil:
+            k_quantize_q8(&qv[0], &dv[0], &xv[0], nb)
+    return q, d

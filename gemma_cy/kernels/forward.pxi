@@ -580,3 +580,40 @@ cdef class FastModel:
                                   Py_ssize_t n) except -1 nogil:
         return self.observe(self.dim + layer * self.trace_stride + self.op_offset[<int> op], value, n)
 
+
+
+def gemm(tensor, x, str activations="f32", bint resident=False):
+    """out (T, rows) = x (T, cols) . w^T for a weight matrix ``tensor``
+    (Int8Tensor or Q8_0Tensor) the way the forward pass computes a block of
+    T positions (k_gemm, or k_quantize_q8 + k_gemm_q8 when activations is
+    "q8"); ``resident`` picks the in-cache variant. For tests and tools."""
+    keep = []
+    cdef QMatrix m = _qmatrix(tensor, keep, resident)
+    _array(x, "x", np.float32, (2,))
+    if x.shape[1] != m.cols:
+        raise ValueError(f"gemm: x has {x.shape[1]} columns, the matrix {m.cols}")
+    if activations not in ("f32", "q8"):
+        raise ValueError(f"activations = {activations!r}, expected 'f32' or 'q8'")
+    if activations == "q8" and m.cols % Q8_0_BLOCK:
+        raise ValueError(f"gemm: q8 activations need cols % {Q8_0_BLOCK} == 0, got {m.cols}")
+    out = np.empty((x.shape[0], m.rows), np.float32)
+    cdef const float[:, ::1] xv = x
+    cdef float[:, ::1] ov = out
+    cdef Py_ssize_t T = x.shape[0], nb = m.cols // Q8_0_BLOCK
+    xq = np.empty(max(1, T * m.cols), np.int8)
+    xd = np.empty(max(1, T * nb), np.float32)
+    cdef int8_t[::1] xqv = xq
+    cdef float[::1] xdv = xd
+    cdef bint q8 = activations == "q8"  # (a str compare must not run without the GIL)
+    if T == 0 or m.rows == 0:
+        return out
+    if m.cols == 0:
+        out[:] = 0
+        return out
+    with nogil:
+        if q8:
+            k_quantize_q8(&xqv[0], &xdv[0], &xv[0, 0], T * nb)
+            k_gemm_q8(&ov[0, 0], &m, &xqv[0], &xdv[0], T)
+        else:
+            k_gemm(&ov[0, 0], &m, &xv[0, 0], T)
+    return out

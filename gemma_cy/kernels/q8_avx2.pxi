@@ -5,13 +5,17 @@
 # Dot products, per block of 32 (llama.cpp's way): w (int8) and xq loaded
 # once each; maddubs(|w| as uint8, xq with w's sign) gives 16 int16 pair
 # sums (|pair| <= 2 * 128 * 127 < 2^15: no saturation, as |xq| <= 127), madd
-# with ones gives 8 int32 lane sums, exact; converted to f32 and added to an
-# 8-lane f32 accumulator with the block's scale in one FMA. Even blocks go to
-# acc0, odd ones to acc1; lanes = acc0 + acc1, summed by _sum8.
-#
+# with ones 8 int32 lane sums. Rows run four at a time, each activation
+# block loaded once for the four; the four rows' lanes are summed (exact
+# integers) by hadds into one int32 per row, converted to f64 and
+# multiplied by the block's scale (exact in f64: 20 + 24 bits), and added
+# to the row's f64 sum, block after block: the one order every module and
+# the reference use, so q8 products agree bit for bit (api.pxi).
+
 # The intrinsics are declared under q8_ names (C names in quotes) so that
 # this file can sit next to either module's own declarations.
 
+from libc.math cimport INFINITY
 from libc.stdint cimport int32_t
 
 cdef extern from "immintrin.h" nogil:
@@ -19,6 +23,30 @@ cdef extern from "immintrin.h" nogil:
         pass
     ctypedef struct q8_m256 "__m256":
         pass
+    ctypedef struct q8_m128 "__m128":
+        pass
+    ctypedef struct q8_m128i "__m128i":
+        pass
+    ctypedef struct q8_m256d "__m256d":
+        pass
+    q8_m256i q8_hadd_epi32 "_mm256_hadd_epi32"(q8_m256i a, q8_m256i b)
+    q8_m128i q8_castsi256_si128 "_mm256_castsi256_si128"(q8_m256i a)
+    q8_m128i q8_extracti128_si256 "_mm256_extracti128_si256"(q8_m256i a, int imm)
+    q8_m128i q8_add_epi32_128 "_mm_add_epi32"(q8_m128i a, q8_m128i b)
+    q8_m256d q8_cvtepi32_pd "_mm256_cvtepi32_pd"(q8_m128i a)
+    q8_m256d q8_setzero_pd "_mm256_setzero_pd"()
+    q8_m256d q8_set1_pd "_mm256_set1_pd"(double a)
+    q8_m256d q8_setr_pd "_mm256_setr_pd"(double a0, double a1, double a2, double a3)
+    q8_m256d q8_add_pd "_mm256_add_pd"(q8_m256d a, q8_m256d b)
+    q8_m256d q8_mul_pd "_mm256_mul_pd"(q8_m256d a, q8_m256d b)
+    q8_m128 q8_cvtpd_ps "_mm256_cvtpd_ps"(q8_m256d a)
+    q8_m256 q8_hadd_ps "_mm256_hadd_ps"(q8_m256 a, q8_m256 b)
+    q8_m128 q8_castps256_ps128 "_mm256_castps256_ps128"(q8_m256 a)
+    q8_m128 q8_extractf128_ps "_mm256_extractf128_ps"(q8_m256 a, int imm)
+    q8_m128 q8_add_ps128 "_mm_add_ps"(q8_m128 a, q8_m128 b)
+    q8_m128 q8_mul_ps128 "_mm_mul_ps"(q8_m128 a, q8_m128 b)
+    q8_m128 q8_set1_ps128 "_mm_set1_ps"(float a)
+    void q8_storeu_ps128 "_mm_storeu_ps"(float* p, q8_m128 a)
     q8_m256i q8_loadu_si256 "_mm256_loadu_si256"(const void* p)
     void q8_storeu_si256 "_mm256_storeu_si256"(void* p, q8_m256i a)
     q8_m256i q8_sign_epi8 "_mm256_sign_epi8"(q8_m256i a, q8_m256i b)
@@ -73,6 +101,8 @@ cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks
         memcpy(&amax, &bits, 4)
         scale = amax / <float> 127.0
         inv = <float> 1.0 / scale if scale != 0 else <float> 0.0
+        if inv == INFINITY:  # a block so small that 1/d overflows: q = 0, as for d == 0
+            inv = 0
         d[b] = scale
         inv_v = q8_set1_ps(inv)
         # rint(x * inv) (round half to even: the default MXCSR mode), then
@@ -88,49 +118,90 @@ cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks
         q += Q8_0_BLOCK
 
 
-cdef inline q8_m256 _isum8_q8(const int8_t* w, const int8_t* xq, q8_m256i ones) noexcept nogil:
-    """The 32 products w[i] * xq[i] as 8 exact int32 lane sums, in f32."""
+cdef inline q8_m256i _isum8_q8(const int8_t* w, q8_m256i xv, q8_m256i ones) noexcept nogil:
+    """The 32 products w[i] * x[i] (x already loaded) as 8 exact int32 lane sums."""
     cdef q8_m256i wv = q8_loadu_si256(w)
-    cdef q8_m256i xv = q8_loadu_si256(xq)
-    return q8_cvtepi32_ps(q8_madd_epi16(q8_maddubs_epi16(q8_sign_epi8(wv, wv), q8_sign_epi8(xv, wv)), ones))
+    return q8_madd_epi16(q8_maddubs_epi16(q8_sign_epi8(wv, wv), q8_sign_epi8(xv, wv)), ones)
+
+
+cdef inline q8_m256d _isum_rows4(q8_m256i v0, q8_m256i v1, q8_m256i v2, q8_m256i v3) noexcept nogil:
+    """The four rows' block sums (exact int32: the lane order does not
+    matter), as four f64 lanes."""
+    cdef q8_m256i h = q8_hadd_epi32(q8_hadd_epi32(v0, v1), q8_hadd_epi32(v2, v3))
+    return q8_cvtepi32_pd(q8_add_epi32_128(q8_castsi256_si128(h), q8_extracti128_si256(h, 1)))
+
+
+cdef inline q8_m128 _dot4_i8_q8(const int8_t* w0, const int8_t* w1, const int8_t* w2, const int8_t* w3,
+                                const int8_t* xq, const float* xd, Py_ssize_t n_blocks, float scale) noexcept nogil:
+    """f32((sum_b f64(isum_b) * f64(xd[b])) * f64(scale)) of four int8 rows
+    with the same quantized activations: each activation block loaded once
+    for the four rows, the rows' f64 sums in the four lanes of one register."""
+    cdef q8_m256i ones = q8_set1_epi16(1), xv
+    cdef q8_m256d acc = q8_setzero_pd()
+    cdef Py_ssize_t b, o
+    for b in range(n_blocks):
+        o = b * Q8_0_BLOCK
+        xv = q8_loadu_si256(xq + o)
+        acc = q8_add_pd(acc, q8_mul_pd(_isum_rows4(_isum8_q8(w0 + o, xv, ones), _isum8_q8(w1 + o, xv, ones),
+                                                   _isum8_q8(w2 + o, xv, ones), _isum8_q8(w3 + o, xv, ones)),
+                                       q8_set1_pd(xd[b])))
+    return q8_cvtpd_ps(q8_mul_pd(acc, q8_set1_pd(scale)))
+
+
+cdef inline float _scale_q8_0(const uint8_t* block, float xd) noexcept nogil:
+    """f32(f32(d) * xd): a Q8_0 block's scale times the activation block's."""
+    return q8_cvtsh_ss(_load_u16(block)) * xd
+
+
+cdef inline q8_m128 _dot4_q8_0_q8(const uint8_t* b0, const uint8_t* b1, const uint8_t* b2, const uint8_t* b3,
+                                  const int8_t* xq, const float* xd, Py_ssize_t n_blocks) noexcept nogil:
+    """f32(sum_b f64(isum_b) * f64(f32(f32(d_b) * xd[b]))) of four Q8_0 rows
+    with the same quantized activations (as _dot4_i8_q8)."""
+    cdef q8_m256i ones = q8_set1_epi16(1), xv
+    cdef q8_m256d acc = q8_setzero_pd()
+    cdef float x_scale
+    cdef Py_ssize_t b, o
+    for b in range(n_blocks):
+        xv = q8_loadu_si256(xq + b * Q8_0_BLOCK)
+        x_scale = xd[b]
+        o = b * Q8_0_BYTES
+        acc = q8_add_pd(acc, q8_mul_pd(
+            _isum_rows4(_isum8_q8(<const int8_t*> (b0 + o + 2), xv, ones),
+                        _isum8_q8(<const int8_t*> (b1 + o + 2), xv, ones),
+                        _isum8_q8(<const int8_t*> (b2 + o + 2), xv, ones),
+                        _isum8_q8(<const int8_t*> (b3 + o + 2), xv, ones)),
+            q8_setr_pd(_scale_q8_0(b0 + o, x_scale), _scale_q8_0(b1 + o, x_scale),
+                       _scale_q8_0(b2 + o, x_scale), _scale_q8_0(b3 + o, x_scale))))
+    return q8_cvtpd_ps(acc)
 
 
 cdef float k_dot_i8_q8(const int8_t* w, const int8_t* xq, const float* xd, Py_ssize_t n_blocks,
                        float scale) noexcept nogil:
-    cdef q8_m256i ones = q8_set1_epi16(1)
-    cdef q8_m256 acc0 = q8_setzero_ps()
-    cdef q8_m256 acc1 = q8_setzero_ps()
-    cdef float lanes[8]
-    cdef Py_ssize_t b = 0
-    while b + 2 <= n_blocks:
-        acc0 = q8_fmadd_ps(q8_set1_ps(xd[b]), _isum8_q8(w, xq, ones), acc0)
-        acc1 = q8_fmadd_ps(q8_set1_ps(xd[b + 1]), _isum8_q8(w + Q8_0_BLOCK, xq + Q8_0_BLOCK, ones), acc1)
-        w += 2 * Q8_0_BLOCK
-        xq += 2 * Q8_0_BLOCK
-        b += 2
-    if b < n_blocks:
-        acc0 = q8_fmadd_ps(q8_set1_ps(xd[b]), _isum8_q8(w, xq, ones), acc0)
-    q8_storeu_ps(lanes, q8_add_ps(acc0, acc1))
-    return _sum8(lanes) * scale
+    cdef float sums[4]
+    q8_storeu_ps128(sums, _dot4_i8_q8(w, w, w, w, xq, xd, n_blocks, scale))
+    return sums[0]
 
 
 cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* xd,
                          Py_ssize_t n_blocks) noexcept nogil:
-    cdef q8_m256i ones = q8_set1_epi16(1)
-    cdef q8_m256 acc0 = q8_setzero_ps()
-    cdef q8_m256 acc1 = q8_setzero_ps()
-    cdef float lanes[8]
-    cdef Py_ssize_t b = 0
-    while b + 2 <= n_blocks:
-        acc0 = q8_fmadd_ps(q8_set1_ps(q8_cvtsh_ss(_load_u16(blocks)) * xd[b]),
-                           _isum8_q8(<const int8_t*> (blocks + 2), xq, ones), acc0)
-        acc1 = q8_fmadd_ps(q8_set1_ps(q8_cvtsh_ss(_load_u16(blocks + Q8_0_BYTES)) * xd[b + 1]),
-                           _isum8_q8(<const int8_t*> (blocks + Q8_0_BYTES + 2), xq + Q8_0_BLOCK, ones), acc1)
-        blocks += 2 * Q8_0_BYTES
-        xq += 2 * Q8_0_BLOCK
-        b += 2
-    if b < n_blocks:
-        acc0 = q8_fmadd_ps(q8_set1_ps(q8_cvtsh_ss(_load_u16(blocks)) * xd[b]),
-                           _isum8_q8(<const int8_t*> (blocks + 2), xq, ones), acc0)
-    q8_storeu_ps(lanes, q8_add_ps(acc0, acc1))
-    return _sum8(lanes)
+    cdef float sums[4]
+    q8_storeu_ps128(sums, _dot4_q8_0_q8(blocks, blocks, blocks, blocks, xq, xd, n_blocks))
+    return sums[0]
+
+
+cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t n_rows,
+                       const int8_t* xq, const float* xd) noexcept nogil:
+    """out[i] = k_dot_*_q8 of row row + i of w, i < n_rows <= 4, bit for bit
+    (four rows per call; a missing row repeats the last one, its sum unused)."""
+    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, i
+    cdef Py_ssize_t r1 = row + min(1, n_rows - 1), r2 = row + min(2, n_rows - 1), r3 = row + min(3, n_rows - 1)
+    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
+    cdef float sums[4]
+    if w.layout == QLAYOUT_I8_TENSOR:
+        q8_storeu_ps128(sums, _dot4_i8_q8(w.q + row * w.cols, w.q + r1 * w.cols, w.q + r2 * w.cols,
+                                          w.q + r3 * w.cols, xq, xd, nb, w.scale))
+    else:
+        q8_storeu_ps128(sums, _dot4_q8_0_q8(w.blocks + row * row_bytes, w.blocks + r1 * row_bytes,
+                                            w.blocks + r2 * row_bytes, w.blocks + r3 * row_bytes, xq, xd, nb))
+    for i in range(n_rows):
+        out[i] = sums[i]

@@ -2,10 +2,12 @@
 # NEON modules (contracts in api.pxi; the AVX2 and AVX-512 modules use
 # q8_avx2.pxi). -O3 vectorizes the 32-value inner loops with the baseline ISA.
 #
-# Order: each block's integer sum is exact (int32); the block terms
-# f32(isum) * scale_b are added one after the other into one f32 sum.
+# Order (every module's, and the reference's): each block's integer sum is
+# exact (int32); f64(isum) * f64(scale_b) is exact in f64; the block terms
+# are added one after the other into one f64 sum, rounded once to f32.
 
 from libc.math cimport rintf
+from libc.math cimport INFINITY
 from libc.stdint cimport int32_t
 
 
@@ -33,6 +35,8 @@ cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks
         amax = _amax_bits(x + b * Q8_0_BLOCK, Q8_0_BLOCK)
         scale = amax / <float> 127.0
         inv = <float> 1.0 / scale if scale != 0 else <float> 0.0
+        if inv == INFINITY:  # a block so small that 1/d overflows: q = 0, as for d == 0
+            inv = 0
         d[b] = scale
         for i in range(Q8_0_BLOCK):
             v = rintf(x[b * Q8_0_BLOCK + i] * inv)
@@ -52,20 +56,32 @@ cdef inline int32_t _isum_q8(const int8_t* a, const int8_t* b) noexcept nogil:
 
 cdef float k_dot_i8_q8(const int8_t* w, const int8_t* xq, const float* xd, Py_ssize_t n_blocks,
                        float scale) noexcept nogil:
-    cdef float acc = 0
+    cdef double acc = 0
     cdef Py_ssize_t b
     for b in range(n_blocks):
-        acc += <float> _isum_q8(w + b * Q8_0_BLOCK, xq + b * Q8_0_BLOCK) * xd[b]
-    return acc * scale
+        acc += <double> _isum_q8(w + b * Q8_0_BLOCK, xq + b * Q8_0_BLOCK) * <double> xd[b]
+    return <float> (acc * <double> scale)
 
 
 cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* xd,
                          Py_ssize_t n_blocks) noexcept nogil:
-    cdef float acc = 0
+    cdef double acc = 0
+    cdef float s
     cdef const uint8_t* blk
     cdef Py_ssize_t b
     for b in range(n_blocks):
         blk = blocks + b * Q8_0_BYTES
-        acc += <float> _isum_q8(<const int8_t*> (blk + 2), xq + b * Q8_0_BLOCK) * (
-            k_f16_to_f32(_load_u16(blk)) * xd[b])
-    return acc
+        s = k_f16_to_f32(_load_u16(blk)) * xd[b]
+        acc += <double> _isum_q8(<const int8_t*> (blk + 2), xq + b * Q8_0_BLOCK) * <double> s
+    return <float> acc
+
+
+cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t n_rows,
+                       const int8_t* xq, const float* xd) noexcept nogil:
+    """out[i] = k_dot_*_q8 of row row + i of w, i < n_rows."""
+    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, i
+    for i in range(n_rows):
+        if w.layout == QLAYOUT_I8_TENSOR:
+            out[i] = k_dot_i8_q8(w.q + (row + i) * w.cols, xq, xd, nb, w.scale)
+        else:
+            out[i] = k_dot_q8_0_q8(w.blocks + (row + i) * nb * Q8_0_BYTES, xq, xd, nb)
