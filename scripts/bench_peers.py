@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 N_CTX = 1024  # KV cache positions of every engine: the 512-token prompt + 128 decoded fit
-N_AGREE = 16  # greedy ids kept from the short prompt, to check that engines run the same model
+N_AGREE = 16  # greedy ids kept after each decode prompt, to check that engines run the same model
 
 
 def measure(load: Callable[[], object], prompts: dict, n_dec: int) -> dict:
@@ -44,7 +44,8 @@ def measure(load: Callable[[], object], prompts: dict, n_dec: int) -> dict:
     "128" and "512". TTFT is the first call after the load (cold: as a user's
     first prompt sees it): a 128-token prefill and its argmax. Prefill tok/s is
     then measured warm, and decode tok/s over ``n_dec`` greedy steps after the
-    short prompt and after the 512-token one.
+    short prompt and after the 512-token one; the first ``N_AGREE`` greedy ids
+    of each are kept (``greedy_ids_after_short``, ``greedy_ids_after_512``).
     """
     start = time.perf_counter()
     engine = load()
@@ -66,8 +67,7 @@ def measure(load: Callable[[], object], prompts: dict, n_dec: int) -> dict:
             token = engine.decode(token)
             ids.append(token)
         figures[f"decode_after_{name}_tok_s"] = n_dec / (time.perf_counter() - start)
-        if name == "short":
-            figures["greedy_ids"] = ids[:N_AGREE]
+        figures[f"greedy_ids_after_{name}"] = ids[:N_AGREE]
     figures["peak_rss_mb"] = peak_rss_mb()
     return figures
 

@@ -262,7 +262,7 @@ def llama_config(vocab=VOCAB, tied=False, dim=64, n_heads=4, n_kv_heads=2, hidde
                        head_dim=dim // n_heads, mlp_dim=hidden, vocab_size=vocab, max_seq_len=seq_len,
                        activation="silu", rope_pairing="interleaved", rope_base=10000.0, norm_eps=1e-5,
                        norm_gain="plain", position_table=False, tied_embeddings=tied, bos_id=1,
-                       eos_ids=(2,))
+                       eos_ids=(1, 2))  # run.c stops on BOS as on EOS
 
 
 def random_q8_0(rng, shape) -> np.ndarray:
@@ -442,6 +442,7 @@ def test_rows_not_a_multiple_of_32_fall_back_to_one_scale(tmp_path):
     (dict(query_scale=0.1), "query_scale"),
     (dict(head_dim=32), "n_heads*head_dim = 128 != dim = 64"),
     (dict(bos_id=2, eos_ids=(1,)), "llama2.c fixes BOS = 1"),
+    (dict(eos_ids=(3,)), "llama2.c fixes BOS = 1"),
 ])
 def test_writer_refuses_what_llama2c_cannot_express(tmp_path, change, needle):
     c = llama_config().with_changes(**change)

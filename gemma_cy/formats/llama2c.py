@@ -130,7 +130,10 @@ def llama2c_config(h: Header) -> ModelConfig:
         head_dim=h.head_size, mlp_dim=h.hidden_dim, vocab_size=h.vocab_size, max_seq_len=h.seq_len,
         activation="silu", rope_pairing="interleaved", rope_base=ROPE_BASE, norm_eps=NORM_EPS,
         norm_gain="plain", position_table=False, embed_scale=1.0, qk_norm=False, post_norms=False,
-        tied_embeddings=h.shared, bos_id=BOS_ID, eos_ids=(EOS_ID,))
+        tied_embeddings=h.shared, bos_id=BOS_ID,
+        # run.c's generate loop stops when the model emits BOS (how TinyStories
+        # models end a story); EOS ends a sequence too
+        eos_ids=(BOS_ID, EOS_ID))
 
 
 def layout(h: Header) -> list[tuple[str, tuple[int, ...]]]:
@@ -443,7 +446,7 @@ def _header_for(name: str, c: ModelConfig, version: int, group_size: int) -> Hea
                group_size=group_size if version == V2_VERSION else 0)
     if version == V2_VERSION:
         _check_group_size(f"write {name}", group_size, c.dim, c.mlp_dim)
-    if c.bos_id not in (None, BOS_ID) or set(c.eos_ids) - {EOS_ID}:
+    if c.bos_id not in (None, BOS_ID) or set(c.eos_ids) - {BOS_ID, EOS_ID}:
         raise ModelFormatError(f"write {name}: bos_id = {c.bos_id!r}, eos_ids = {c.eos_ids!r}: llama2.c "
                                f"fixes BOS = {BOS_ID} and EOS = {EOS_ID}")
     as_read = llama2c_config(h)

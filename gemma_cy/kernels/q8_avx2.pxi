@@ -47,8 +47,8 @@ cdef extern from "immintrin.h" nogil:
     q8_m128 q8_mul_ps128 "_mm_mul_ps"(q8_m128 a, q8_m128 b)
     q8_m128 q8_set1_ps128 "_mm_set1_ps"(float a)
     void q8_storeu_ps128 "_mm_storeu_ps"(float* p, q8_m128 a)
-    q8_m256i q8_loadu_si256 "_mm256_loadu_si256"(const void* p)
-    void q8_storeu_si256 "_mm256_storeu_si256"(void* p, q8_m256i a)
+    q8_m256i q8_loadu_si256 "_mm256_loadu_si256"(const q8_m256i* p)
+    void q8_storeu_si256 "_mm256_storeu_si256"(q8_m256i* p, q8_m256i a)
     q8_m256i q8_sign_epi8 "_mm256_sign_epi8"(q8_m256i a, q8_m256i b)
     q8_m256i q8_maddubs_epi16 "_mm256_maddubs_epi16"(q8_m256i a, q8_m256i b)
     q8_m256i q8_madd_epi16 "_mm256_madd_epi16"(q8_m256i a, q8_m256i b)
@@ -93,7 +93,7 @@ cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks
                                         q8_and_si256(q8_castps_si256(v1), no_sign)),
                            q8_max_epi32(q8_and_si256(q8_castps_si256(v2), no_sign),
                                         q8_and_si256(q8_castps_si256(v3), no_sign)))
-        q8_storeu_si256(lanes, top)
+        q8_storeu_si256(<q8_m256i*> lanes, top)
         bits = lanes[0]
         for j in range(1, 8):
             if lanes[j] > bits:
@@ -113,14 +113,14 @@ cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks
         i2 = q8_cvtps_epi32(q8_mul_ps(v2, inv_v))
         i3 = q8_cvtps_epi32(q8_mul_ps(v3, inv_v))
         i0 = q8_packs_epi16(q8_packs_epi32(i0, i1), q8_packs_epi32(i2, i3))
-        q8_storeu_si256(q, q8_permutevar8x32_epi32(i0, order))
+        q8_storeu_si256(<q8_m256i*> q, q8_permutevar8x32_epi32(i0, order))
         x += Q8_0_BLOCK
         q += Q8_0_BLOCK
 
 
 cdef inline q8_m256i _isum8_q8(const int8_t* w, q8_m256i xv, q8_m256i ones) noexcept nogil:
     """The 32 products w[i] * x[i] (x already loaded) as 8 exact int32 lane sums."""
-    cdef q8_m256i wv = q8_loadu_si256(w)
+    cdef q8_m256i wv = q8_loadu_si256(<const q8_m256i*> (w))
     return q8_madd_epi16(q8_maddubs_epi16(q8_sign_epi8(wv, wv), q8_sign_epi8(xv, wv)), ones)
 
 
@@ -141,7 +141,7 @@ cdef inline q8_m128 _dot4_i8_q8(const int8_t* w0, const int8_t* w1, const int8_t
     cdef Py_ssize_t b, o
     for b in range(n_blocks):
         o = b * Q8_0_BLOCK
-        xv = q8_loadu_si256(xq + o)
+        xv = q8_loadu_si256(<const q8_m256i*> (xq + o))
         acc = q8_add_pd(acc, q8_mul_pd(_isum_rows4(_isum8_q8(w0 + o, xv, ones), _isum8_q8(w1 + o, xv, ones),
                                                    _isum8_q8(w2 + o, xv, ones), _isum8_q8(w3 + o, xv, ones)),
                                        q8_set1_pd(xd[b])))
@@ -162,7 +162,7 @@ cdef inline q8_m128 _dot4_q8_0_q8(const uint8_t* b0, const uint8_t* b1, const ui
     cdef float x_scale
     cdef Py_ssize_t b, o
     for b in range(n_blocks):
-        xv = q8_loadu_si256(xq + b * Q8_0_BLOCK)
+        xv = q8_loadu_si256(<const q8_m256i*> (xq + b * Q8_0_BLOCK))
         x_scale = xd[b]
         o = b * Q8_0_BYTES
         acc = q8_add_pd(acc, q8_mul_pd(
