@@ -31,11 +31,10 @@ dropped bytes.
 """
 from __future__ import annotations
 
-import re
 import unicodedata
 
 from .errors import ModelFormatError
-from .tokenizer import PieceTable, _build_trie, _longest_match, text_to_bytes
+from .tokenizer import PieceTable, SpecialPieces, text_to_bytes
 
 TOKEN_NORMAL = 1  # GGUF token types (llama.cpp's llama_token_type)
 TOKEN_CONTROL = 3
@@ -194,11 +193,7 @@ class BPETokenizer(PieceTable):
         self._merges = rank_of
         self._split_digits = PRE_TOKENIZERS[pre]
         self._cache: dict[str, list[int]] = {}
-        specials = [(tokens[i].encode(), i) for i in range(n) if control[i]]
-        self._special_trie = _build_trie(specials)
-        first = sorted({p[0] for p, _ in specials})
-        self._special_start = re.compile(b"[" + b"".join(re.escape(bytes([b])) for b in first) + b"]") \
-            if first else None
+        self._specials = SpecialPieces([(tokens[i].encode(), i) for i in range(n) if control[i]])
 
     @classmethod
     def from_gguf(cls, path) -> BPETokenizer:
@@ -239,22 +234,7 @@ class BPETokenizer(PieceTable):
         control tokens written in the text become their ids (leftmost,
         longest first); the text between them is encoded on its own."""
         data = text_to_bytes(text)
-        if not parse_special or self._special_start is None:
-            return self._encode_plain(data)
-        ids: list[int] = []
-        done = 0
-        for m in self._special_start.finditer(data):
-            start = m.start()
-            if start < done:
-                continue
-            token, end = _longest_match(self._special_trie, data, start)
-            if token < 0:
-                continue
-            ids += self._encode_plain(data[done:start])
-            ids.append(token)
-            done = end
-        ids += self._encode_plain(data[done:])
-        return ids
+        return self._specials.split(data, self._encode_plain) if parse_special else self._encode_plain(data)
 
     def _encode_plain(self, data: bytes) -> list[int]:
         text = data.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 -> U+DC80..U+DCFF

@@ -40,7 +40,7 @@ import re
 import struct
 
 from .errors import ModelFormatError
-from .tokenizer import PieceTable, _build_trie, _longest_match, text_to_bytes
+from .tokenizer import PieceTable, SpecialPieces, text_to_bytes
 
 # GGUF token types (llama.cpp's llama_token_type), the same numbers as
 # SentencePiece's ModelProto.SentencePiece.Type.
@@ -271,11 +271,7 @@ class SentencePieceTokenizer(PieceTable):
         self._ids: dict[bytes, int] = {}
         for i, piece in enumerate(pieces):
             self._ids.setdefault(piece, i)
-        control = [(pieces[i], i) for i in range(n) if self._control[i]]
-        self._special_trie = _build_trie(control)
-        first_bytes = sorted({p[0] for p, _ in control})
-        self._special_start = re.compile(b"[" + b"".join(re.escape(bytes([b])) for b in first_bytes) + b"]") \
-            if first_bytes else None
+        self._specials = SpecialPieces([(pieces[i], i) for i in range(n) if self._control[i]])
 
     @classmethod
     def from_gguf(cls, path) -> SentencePieceTokenizer:
@@ -299,23 +295,7 @@ class SentencePieceTokenizer(PieceTable):
         first; the text between them is encoded as usual.
         """
         data = text_to_bytes(text)
-        if not parse_special or self._special_start is None:
-            return self._encode_plain(data)
-        ids: list[int] = []
-        done = 0
-        trie = self._special_trie
-        for m in self._special_start.finditer(data):
-            start = m.start()
-            if start < done:
-                continue
-            token, end = _longest_match(trie, data, start)
-            if token < 0:
-                continue
-            ids += self._encode_plain(data[done:start])
-            ids.append(token)
-            done = end
-        ids += self._encode_plain(data[done:])
-        return ids
+        return self._specials.split(data, self._encode_plain) if parse_special else self._encode_plain(data)
 
     def _encode_plain(self, data: bytes) -> list[int]:
         """SentencePiece ids of ``data``; bytes that are not UTF-8 become byte pieces."""

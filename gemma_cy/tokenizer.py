@@ -98,6 +98,37 @@ def _longest_match(root: dict, data: bytes, start: int) -> tuple[int, int]:
     return best_id, best_end
 
 
+class SpecialPieces:
+    """The control pieces a text may spell out (``<start_of_turn>``,
+    ``<|im_end|>``...): ``split(data, encode_plain)`` encodes ``data`` with
+    each of them (leftmost, longest first) as its id and the text between
+    them by ``encode_plain``. Shared by the GGUF tokenizers."""
+
+    def __init__(self, entries: list[tuple[bytes, int]]) -> None:
+        self.trie = _build_trie(entries)
+        first = sorted({piece[0] for piece, _ in entries if piece})
+        # a quick scan for the bytes a control piece can start with
+        self.start = re.compile(b"[" + b"".join(re.escape(bytes([b])) for b in first) + b"]") if first else None
+
+    def split(self, data: bytes, encode_plain) -> list[int]:
+        if self.start is None:
+            return encode_plain(data)
+        ids: list[int] = []
+        done = 0
+        for m in self.start.finditer(data):
+            start = m.start()
+            if start < done:
+                continue
+            token, end = _longest_match(self.trie, data, start)
+            if token < 0:
+                continue
+            ids += encode_plain(data[done:start])
+            ids.append(token)
+            done = end
+        ids += encode_plain(data[done:])
+        return ids
+
+
 class PieceTable:
     """What every tokenizer shares once its pieces are known: id checks and
     decoding. A subclass sets ``vocab_size``, ``_out`` (id -> the bytes it
