@@ -32,6 +32,14 @@ def cache_dir() -> Path:
     return Path(base) / "gemma-cy"
 
 
+def _progress(progress: Progress | None | bool, label: str) -> Progress | None:
+    """The conversion's progress callback: True -> on stderr under ``label``,
+    False/None -> none, a callable -> itself."""
+    if progress is True:
+        return stderr_progress(label)
+    return progress or None
+
+
 def default_model_path(progress: Progress | None | bool = True) -> str:
     """Path of the converted default model, converting it on first use.
 
@@ -50,10 +58,7 @@ def default_model_path(progress: Progress | None | bool = True) -> str:
     target = directory / f"{stem}.{package.EXPECTED_SHA256[:12]}.q8_0.v{CONVERTER_VERSION}.gguf"
     if target.is_file():
         return str(target)
-    if progress is True:
-        progress = stderr_progress(f"converting {PIP_NAME} to {target}")
-    elif progress is False:
-        progress = None
+    progress = _progress(progress, f"converting {PIP_NAME} to {target}")
     # The package assembles its GGUF from chunks into a shared path without
     # locking (concurrent runs corrupt it); assemble a private copy instead.
     source = directory / f"{stem}.{os.getpid()}.source.partial"
@@ -106,10 +111,7 @@ def smollm2_model_path(progress: Progress | None | bool = True) -> str:
     target = directory / f"{Path(SMOLLM2_FILE).stem}.{digest}.q8_0.v{CONVERTER_VERSION}.gguf"
     if target.is_file():
         return str(target)
-    if progress is True:
-        progress = stderr_progress(f"converting {SMOLLM2_FILE} to {target}")
-    elif progress is False:
-        progress = None
+    progress = _progress(progress, f"converting {SMOLLM2_FILE} to {target}")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         convert(source, target, progress=progress)

@@ -54,3 +54,53 @@ ISA = pytest.mark.parametrize("isa", [
 
 def kernels(isa: str):
     return ops.module_for(isa)
+
+
+# ---------------------------------------------------------------------------
+# Shared checks of two engines, and of the reference against an oracle's goldens
+
+
+def greedy_engines_agree(ref, fast, ids, n: int, label: str) -> None:
+    """Reset both engines, prefill ``ids`` and greedy-decode ``n`` tokens on
+    each: the ids must be equal and every step's logits (the last one's too)
+    within SPEC Part C's default tolerance. A divergence reports the step,
+    both ids and the reference's top-1/top-2 margin."""
+    import numpy as np
+
+    from gemma_cy.tolerance import DEFAULT
+
+    atol, rtol = DEFAULT
+    ref.reset()
+    fast.reset()
+    want, got = ref.prefill(ids), fast.prefill(ids)
+    for step in range(n):
+        a, b = int(np.argmax(want)), int(np.argmax(got))
+        top2 = np.sort(want)[-2:]
+        assert a == b, (f"{label}: step {step}: reference id {a}, fast id {b}; "
+                        f"reference top-1/top-2 margin {top2[1] - top2[0]:.6g}")
+        np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=f"{label}: logits at step {step}")
+        want, got = ref.decode(a), fast.decode(b)
+    np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=f"{label}: final logits")
+
+
+def reference_agrees_with_oracle(reference, prompt: dict, golden_dir: Path, rms_limit: float) -> None:
+    """The reference on ``prompt`` (a golden record: prompt_ids, logits_file,
+    greedy_ids, step_margins, step_second_ids) against the oracle's goldens:
+    last-position logits rms below ``rms_limit``, then the same greedy ids
+    (a divergence reports the step and the oracle's margin there)."""
+    import numpy as np
+
+    reference.reset()
+    logits = reference.prefill(prompt["prompt_ids"])
+    oracle = np.load(golden_dir / prompt["logits_file"])
+    rms = float(np.sqrt(np.mean((logits.astype(np.float64) - oracle) ** 2)))
+    print(f"{prompt['name']}: logits rms {rms:.3g}")
+    assert rms < rms_limit, f"{prompt['name']}: last-position logits rms {rms:.4g} >= {rms_limit}"
+    for step, want in enumerate(prompt["greedy_ids"]):
+        got = int(np.argmax(logits))
+        if got != want:
+            pytest.fail(f"{prompt['name']}: greedy step {step}: reference {got}, oracle {want}; "
+                        f"oracle's top-1/top-2 margin {prompt['step_margins'][step]:.4g} "
+                        f"(second choice {prompt['step_second_ids'][step]})")
+        if step + 1 < len(prompt["greedy_ids"]):
+            logits = reference.decode(got)

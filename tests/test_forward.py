@@ -44,9 +44,9 @@ from gemma_cy.sampling import Sampler
 from gemma_cy.tokenizer import GreedyTokenizer
 from gemma_cy.tolerance import DEFAULT
 from gemma_cy.weights import Weights
-from gemma_cy_reference.generate import argmax
 from gemma_cy_reference.model import ReferenceEngine
 from test_kernels import AVAILABLE, ISA
+from conftest import greedy_engines_agree
 from test_reference import cached_weights
 
 ATOL, RTOL = DEFAULT  # SPEC Part C: 2e-3, 1e-3
@@ -206,16 +206,7 @@ def greedy_both(weights: Weights, ids: list[int], n: int, isa: str) -> None:
     """Greedy-decode ``n`` tokens on both engines; the ids must be equal, and
     every step's logits within tolerance. A divergence reports the step, both
     ids and the reference's top-1/top-2 margin."""
-    ref, fast = ReferenceEngine(weights, 256), FastEngine(weights, 256, isa)
-    want, got = ref.prefill(ids), fast.prefill(ids)
-    for step in range(n):
-        a, b = argmax(want), argmax(got)
-        top2 = np.sort(want)[-2:]
-        assert a == b, (f"{isa}: step {step}: reference id {a}, fast id {b}; "
-                        f"reference top-1/top-2 margin {top2[1] - top2[0]:.6g}")
-        within(got, want, f"{isa}: logits at step {step}")
-        want, got = ref.decode(a), fast.decode(b)
-    within(got, want, f"{isa}: final logits")
+    greedy_engines_agree(ReferenceEngine(weights, 256), FastEngine(weights, 256, isa), ids, n, isa)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

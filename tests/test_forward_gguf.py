@@ -30,6 +30,7 @@ from gemma_cy_reference.generate import argmax
 from gemma_cy_reference.model import ReferenceEngine
 from test_forward import check_each_op_against_the_reference, greedy_both, record, within
 from test_kernels import AVAILABLE, ISA
+from conftest import greedy_engines_agree
 
 # Gemma 3's switches with every matrix width a multiple of 32 (Q8_0 blocks):
 # dim 64, head_dim 24 (a tail in the 16-lane attention loops), q_dim 96 !=
@@ -159,17 +160,8 @@ def test_gemma3_270m_fast_equals_reference_64_greedy_tokens(gemma3_270m):
     cache = max(len(p) for p in REAL_PROMPTS) + REAL_STEPS + 2
     ref, fast = ReferenceEngine(weights, cache), FastEngine(weights, cache)
     for prompt in REAL_PROMPTS:
-        ids = [weights.config.bos_id] + [vocab[piece] for piece in prompt]
-        ref.reset()
-        fast.reset()
-        want, got = ref.prefill(ids), fast.prefill(ids)
-        for step in range(REAL_STEPS):
-            a, b = argmax(want), argmax(got)
-            top2 = np.sort(want)[-2:]
-            assert a == b, (f"prompt {prompt}: step {step}: reference id {a}, fast id {b}; "
-                            f"reference top-1/top-2 margin {top2[1] - top2[0]:.6g}")
-            within(got, want, f"prompt {prompt}: logits at step {step}")
-            want, got = ref.decode(a), fast.decode(b)
+        greedy_engines_agree(ref, fast, [weights.config.bos_id] + [vocab[piece] for piece in prompt],
+                             REAL_STEPS, f"prompt {prompt}")
 
 
 def test_gemma3_270m_every_simd_module_agrees(gemma3_270m):

