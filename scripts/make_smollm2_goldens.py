@@ -43,17 +43,14 @@ the package's file list). Two outputs:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from importlib.metadata import distribution
 from pathlib import Path
 
-import numpy as np
-
-from make_model_goldens import greedy, sha256_file
-from make_tokenizer_goldens import corpus
+from make_model_goldens import sha256_file, write_greedy_goldens
+from make_tokenizer_goldens import corpus, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER_OUT = ROOT / "tests" / "goldens" / "smollm2_tokenizer.jsonl"
@@ -132,20 +129,7 @@ def make_tokenizer_goldens(path: str, out: Path) -> None:
           file=sys.stderr)
     for i in differ[:5]:
         print(f"  {texts[i]!r}: uncorrected {raw[i]} corrected {plain[i]}", file=sys.stderr)
-    round_trips = 0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", encoding="utf-8") as f:
-        for text, ids, ids_special in zip(texts, plain, special):
-            row = {"text": text, "ids": ids}
-            if ids_special != ids:
-                row["ids_special"] = ids_special
-            decoded = tokenizer.decode(ids)
-            if decoded == text:
-                round_trips += 1
-            else:
-                row["hf_decoded"] = decoded
-            f.write(json.dumps(row) + "\n")
-    print(f"wrote {len(texts)} strings to {out}; HF's decode round-trips {round_trips}", file=sys.stderr)
+    write_jsonl(tokenizer, texts, plain, special, out)
 
 
 def prompts() -> list[tuple[str, str, bool]]:
@@ -199,20 +183,7 @@ def make_model_goldens(path: str, out_dir: Path) -> None:
             "hidden_act", "tie_word_embeddings", "max_position_embeddings")},
         "n_greedy": 64,
     }
-    records = []
-    for name, text, chat in prompts():
-        t = time.time()
-        ids = prompt_ids(tokenizer, text, chat)
-        rec = greedy(model, ids)
-        last = rec.pop("_last")
-        np.save(out_dir / f"logits_{name}.npy", last)
-        records.append({"name": name, "chat": chat, "text": text, "prompt_ids": ids, **rec,
-                        "logits_file": f"logits_{name}.npy"})
-        print(f"{name}: {len(ids)} prompt tokens, {time.time() - t:.1f} s, min margin "
-              f"{min(rec['step_margins']):.4f}, cache check {rec['cache_check']}: "
-              f"{tokenizer.decode(rec['greedy_ids'])!r}", file=sys.stderr)
-    with open(out_dir / "greedy.json", "w") as f:
-        json.dump({**header, "prompts": records}, f, indent=1, default=str)
+    write_greedy_goldens(model, tokenizer, prompts(), prompt_ids, out_dir, header)
 
 
 def main(argv: list[str] | None = None) -> int:

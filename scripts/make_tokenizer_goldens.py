@@ -291,9 +291,16 @@ def main(argv: list[str] | None = None) -> int:
     for i in differ[:5]:
         print(f"  {texts[i]!r}: uncorrected {raw_plain[i]} corrected {plain[i]}", file=sys.stderr)
 
+    write_jsonl(tokenizer, texts, plain, special, Path(args.out))
+    return 0
+
+
+def write_jsonl(tokenizer, texts: list[str], plain: list[list[int]], special: list[list[int]], out: Path) -> None:
+    """One JSON line per string: text, ids, ids_special when parsing control
+    tokens changes them, hf_decoded when HF's decode does not round-trip."""
     round_trips = 0
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
         for text, ids, ids_special in zip(texts, plain, special):
             row = {"text": text, "ids": ids}
             if ids_special != ids:
@@ -304,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 row["hf_decoded"] = decoded
             f.write(json.dumps(row) + "\n")
-    print(f"wrote {len(texts)} strings to {args.out}; HF's decode round-trips {round_trips}", file=sys.stderr)
-    return 0
+    print(f"wrote {len(texts)} strings to {out}; HF's decode round-trips {round_trips}", file=sys.stderr)
 
 
 if __name__ == "__main__":
