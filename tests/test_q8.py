@@ -120,10 +120,12 @@ KINDS = pytest.mark.parametrize("kind", ["int8", "q8_0"])
 
 @ISA
 @KINDS
-@pytest.mark.parametrize("T", [2, 5, 16, 17, 33])
-def test_f32_gemm_rows_equal_single_position_products(isa, kind, T):
-    w = random_matrix(kind, 37, 96, T)
-    x = np.random.default_rng(T + 1).standard_normal((T, 96)).astype(np.float32)
+@pytest.mark.parametrize("T, rows, cols", [(2, 37, 96), (5, 37, 96), (16, 37, 96), (17, 37, 96), (33, 37, 96),
+                                           # past a pass of 64 positions, row tiles of 6 and their rest
+                                           (67, 70, 640), (130, 12, 256)])
+def test_f32_gemm_rows_equal_single_position_products(isa, kind, T, rows, cols):
+    w = random_matrix(kind, rows, cols, T)
+    x = np.random.default_rng(T + 1).standard_normal((T, cols)).astype(np.float32)
     m = kernels(isa)
     for resident in (False, True):
         block = m.gemm(w, x, "f32", resident)

@@ -78,7 +78,14 @@ cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil
 # k_matvec's out[r] for x[t] bit for bit (the same dot product per row and
 # token; rows are read once per tile of tokens, so a block costs one pass
 # over the weights instead of one per token). out must not overlap x.
-cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens) noexcept nogil
+# scratch: at least k_gemm_scratch_floats(w.cols, n_tokens) floats the module
+# may overwrite (the caller allocates it once: no allocation in a step).
+cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
+                 float* scratch) noexcept nogil
+
+# The f32 scratch k_gemm of this module needs for n_tokens positions of a
+# matrix with cols columns (0: none).
+cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil
 
 # --- int8 activations (the opt-in "q8" mode; SPEC Part C: the reference
 # quantizes the same way, gemma_cy.quant.quantize_activations_q8) ---

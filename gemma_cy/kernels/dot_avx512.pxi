@@ -106,10 +106,10 @@ cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
     _gemv_q8_0_rows(out, blocks, x, rows, n_blocks)
 
 
-cdef void _dot_q8_0_tokens(float* out, Py_ssize_t out_stride, const uint8_t* row, const float* x,
-                           Py_ssize_t cols, Py_ssize_t n_blocks, Py_ssize_t n_tokens) noexcept nogil:
-    """out[t * out_stride] = k_dot_q8_0(row, x + t * cols, n_blocks) for t < n_tokens
-    (one row of k_gemm: the row stays in L1 across the tokens)."""
-    cdef Py_ssize_t t
-    for t in range(n_tokens):
-        out[t * out_stride] = k_dot_q8_0(row, x + t * cols, n_blocks)
+cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
+    return 0  # _gemm_q8_0 needs none
+
+
+cdef void _gemm_q8_0(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
+                     float* scratch) noexcept nogil:
+    _gemm_q8_0_by_rows(out, w, x, n_tokens)

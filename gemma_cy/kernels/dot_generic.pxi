@@ -40,33 +40,29 @@ cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const flo
     _gemv_i8_rows(out, q, scale, x, rows, cols)
 
 
-# k_dot_q8_0: the AVX2 module's order, unfused, in 8 lane sums: per block the
-# 32 products (one loop -O3 vectorizes), p[j] = (prod[j] + prod[8+j]) +
-# (prod[16+j] + prod[24+j]), then acc[j] += d * p[j], even blocks into acc0,
-# odd ones into acc1; the f16 scale converted by k_f16_to_f32 (bit
-# manipulation). ~2.3 G multiply-adds/s on Zen 3 with SSE2 (AVX2: ~13).
+# k_dot_q8_0: the AVX2 module's order, unfused, in 32 lane sums: the
+# dequantized weight f32(q) * f32(d) (exact) times x, acc[8 g + j] taking
+# column 8 g + j of every block in turn (one loop -O3 vectorizes); lanes[j] =
+# (acc[j] + acc[8 + j]) + (acc[16 + j] + acc[24 + j]); the f16 scale converted
+# by k_f16_to_f32 (bit manipulation).
 
 cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
-    cdef float acc[16]  # acc0 = acc[0:8], acc1 = acc[8:16]
-    cdef float prod[32]
+    cdef float acc[32]
     cdef float lanes[8]
     cdef float d
     cdef const int8_t* q
-    cdef const float* xb
-    cdef Py_ssize_t k, j, o
-    for j in range(16):
+    cdef Py_ssize_t k, j
+    for j in range(32):
         acc[j] = 0
     for k in range(n_blocks):
-        d = k_f16_to_f32(_load_u16(blocks + k * Q8_0_BYTES))
-        q = <const int8_t*> (blocks + k * Q8_0_BYTES + 2)
-        xb = x + k * Q8_0_BLOCK
+        d = k_f16_to_f32(_load_u16(blocks))
+        q = <const int8_t*> (blocks + 2)
         for j in range(32):
-            prod[j] = q[j] * xb[j]
-        o = 8 * (k & 1)
-        for j in range(8):
-            acc[o + j] += d * ((prod[j] + prod[8 + j]) + (prod[16 + j] + prod[24 + j]))
+            acc[j] += (q[j] * d) * x[j]
+        blocks += Q8_0_BYTES
+        x += Q8_0_BLOCK
     for j in range(8):
-        lanes[j] = acc[j] + acc[8 + j]
+        lanes[j] = (acc[j] + acc[8 + j]) + (acc[16 + j] + acc[24 + j])
     return _sum8(lanes)
 
 
@@ -75,10 +71,10 @@ cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
     _gemv_q8_0_rows(out, blocks, x, rows, n_blocks)
 
 
-cdef void _dot_q8_0_tokens(float* out, Py_ssize_t out_stride, const uint8_t* row, const float* x,
-                           Py_ssize_t cols, Py_ssize_t n_blocks, Py_ssize_t n_tokens) noexcept nogil:
-    """out[t * out_stride] = k_dot_q8_0(row, x + t * cols, n_blocks) for t < n_tokens
-    (one row of k_gemm: the row stays in L1 across the tokens)."""
-    cdef Py_ssize_t t
-    for t in range(n_tokens):
-        out[t * out_stride] = k_dot_q8_0(row, x + t * cols, n_blocks)
+cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
+    return 0  # _gemm_q8_0 needs none
+
+
+cdef void _gemm_q8_0(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
+                     float* scratch) noexcept nogil:
+    _gemm_q8_0_by_rows(out, w, x, n_tokens)

@@ -210,6 +210,7 @@ cdef class FastModel:
     cdef float* hb2  # (BLOCK, mlp) up
     cdef int8_t* xq  # (BLOCK, max width) a matrix input quantized (q8 mode)
     cdef float* xd  # (BLOCK, max width / 32) its block scales (q8 mode)
+    cdef float* gemm_scratch  # k_gemm's (k_gemm_scratch_floats(max width, BLOCK),)
     cdef float* rope_cos  # (BLOCK, 2, hd/2): cos of each position's angles, global and local base
     cdef float* rope_sin  # (BLOCK, 2, hd/2)
     cdef float* out  # (vocab,) logits
@@ -301,6 +302,7 @@ cdef class FastModel:
         keep.append(xq)
         self.xq = &xq_view[0]
         self.xd = _f32(_zeros(BLOCK * (widest // Q8_0_BLOCK + 1)), keep)
+        self.gemm_scratch = _f32(_zeros(max(1, k_gemm_scratch_floats(widest, BLOCK))), keep)
         self.rope_cos = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
         self.rope_sin = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
         logits = _zeros(c.vocab_size)
@@ -491,7 +493,7 @@ cdef class FastModel:
             k_quantize_q8(self.xq, self.xd, x, T * w.cols // Q8_0_BLOCK)
             k_gemm_q8(out, w, self.xq, self.xd, T)
         else:
-            k_gemm(out, w, x, T)
+            k_gemm(out, w, x, T, self.gemm_scratch)
 
     cdef int attention(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t layer,
                        Py_ssize_t pos0, Py_ssize_t T) except -1 nogil:
@@ -602,8 +604,10 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
     cdef Py_ssize_t T = x.shape[0], nb = m.cols // Q8_0_BLOCK
     xq = np.empty(max(1, T * m.cols), np.int8)
     xd = np.empty(max(1, T * nb), np.float32)
+    scratch = np.empty(max(1, k_gemm_scratch_floats(m.cols, T)), np.float32)
     cdef int8_t[::1] xqv = xq
     cdef float[::1] xdv = xd
+    cdef float[::1] sv = scratch
     cdef bint q8 = activations == "q8"  # (a str compare must not run without the GIL)
     if T == 0 or m.rows == 0:
         return out
@@ -615,5 +619,5 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
             k_quantize_q8(&xqv[0], &xdv[0], &xv[0, 0], T * nb)
             k_gemm_q8(&ov[0, 0], &m, &xqv[0], &xdv[0], T)
         else:
-            k_gemm(&ov[0, 0], &m, &xv[0, 0], T)
+            k_gemm(&ov[0, 0], &m, &xv[0, 0], T, &sv[0])
     return out
