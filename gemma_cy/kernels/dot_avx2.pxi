@@ -330,34 +330,38 @@ cdef void _gemm_q8_0(float* out, const QMatrix* w, const float* x, Py_ssize_t n_
                      float* scratch) noexcept nogil:
     """k_gemm of a Q8_0 matrix (see the order at the top of this file):
     positions in passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows
-    dequantized at a time, the kernels run over every position of the pass
-    (the dequantized rows stay in L1, the pass's x in L2); the last rows
-    (fewer than GEMM_ROW_TILE) by k_dot_q8_0, bit for bit the same order."""
+    dequantized at a time (then 3 if 3 to 5 are left), the kernels run over
+    every position of the pass (the dequantized rows stay in L1, the pass's
+    x in L2); the last 0 to 2 rows by k_dot_q8_0, bit for bit the same
+    order."""
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
     cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) dequantized rows, group-major
     cdef float* xt = scratch + GEMM_ROW_TILE * cols  # (n_tokens, cols) x, group-major
-    cdef Py_ssize_t t, t0, tn, r, i
+    cdef Py_ssize_t t, t0, tn, r, i, n
     for t in range(n_tokens):
         _group_columns(xt + t * cols, x + t * cols, nb)
     t0 = 0
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_POSITION_TILE, n_tokens - t0)
         r = 0
-        while r + GEMM_ROW_TILE <= rows:
-            for i in range(GEMM_ROW_TILE):
+        while r + 3 <= rows:
+            n = GEMM_ROW_TILE if r + GEMM_ROW_TILE <= rows else 3  # then one 3-row tile if 3 to 5 rows are left
+            for i in range(n):
                 _prefetch_row(w.blocks + (r + i) * row_bytes, row_bytes)
                 _dequantize_grouped(wt + i * cols, w.blocks + (r + i) * row_bytes, nb)
             t = t0
-            while t + 4 <= t0 + tn:
+            while t + 4 <= t0 + tn:  # both 3-row kernels on the same positions: their x stays in L1
                 _kernel_3x4(out + t * rows + r, rows, wt, cols, xt + t * cols, cols, nb)
-                _kernel_3x4(out + t * rows + r + 3, rows, wt + 3 * cols, cols, xt + t * cols, cols, nb)
+                if n == GEMM_ROW_TILE:
+                    _kernel_3x4(out + t * rows + r + 3, rows, wt + 3 * cols, cols, xt + t * cols, cols, nb)
                 t += 4
             while t < t0 + tn:
                 _kernel_3x1(out + t * rows + r, wt, cols, xt + t * cols, nb)
-                _kernel_3x1(out + t * rows + r + 3, wt + 3 * cols, cols, xt + t * cols, nb)
+                if n == GEMM_ROW_TILE:
+                    _kernel_3x1(out + t * rows + r + 3, wt + 3 * cols, cols, xt + t * cols, nb)
                 t += 1
-            r += GEMM_ROW_TILE
+            r += n
         while r < rows:
             for t in range(t0, t0 + tn):
                 out[t * rows + r] = k_dot_q8_0(w.blocks + r * row_bytes, x + t * cols, nb)
