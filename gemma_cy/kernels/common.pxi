@@ -86,38 +86,30 @@ cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
 
 cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                  float* scratch) noexcept nogil:
-    cdef Py_ssize_t t0, t, tn, r, rows = w.rows, cols = w.cols
     if n_tokens == 1:
         k_matvec(out, w, x)
-        return
-    if w.layout == QLAYOUT_Q8_0:
-        _gemm_q8_0(out, w, x, n_tokens, scratch)  # each module's own (dot_<isa>.pxi)
-        return
-    # Tokens in tiles of GEMM_TOKEN_TILE: within a tile each row is read once
-    # (from DRAM or L3) and stays in L1 for the tile's tokens, whose
-    # activations (tile x cols f32) stay in L2.
-    t0 = 0
-    while t0 < n_tokens:
-        tn = min(<Py_ssize_t> GEMM_TOKEN_TILE, n_tokens - t0)
-        for r in range(rows):
-            _prefetch_row(w.q + r * cols, cols)
-            for t in range(t0, t0 + tn):
-                out[t * rows + r] = k_dot_i8(w.q + r * cols, x + t * cols, cols, w.scale)
-        t0 += tn
+    else:
+        _gemm(out, w, x, n_tokens, scratch)  # each module's own (dot_<isa>.pxi)
 
 
-cdef void _gemm_q8_0_by_rows(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens) noexcept nogil:
-    """k_gemm of a Q8_0 matrix for the modules without a blocked kernel: tiles
-    of GEMM_TOKEN_TILE tokens, each row read once per tile (it stays in L1)
-    and multiplied with the tile's tokens by k_dot_q8_0."""
+cdef void _gemm_by_rows(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens) noexcept nogil:
+    """k_gemm for the modules (and matrices) without a blocked kernel: tokens in
+    tiles of GEMM_TOKEN_TILE, each row read once per tile (from DRAM or L3;
+    it stays in L1 for the tile's tokens, whose activations stay in L2) and
+    multiplied with each of the tile's tokens by the module's dot product."""
     cdef Py_ssize_t t0 = 0, t, tn, r, rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_TOKEN_TILE, n_tokens - t0)
         for r in range(rows):
-            _prefetch_row(w.blocks + r * row_bytes, row_bytes)
-            for t in range(t0, t0 + tn):
-                out[t * rows + r] = k_dot_q8_0(w.blocks + r * row_bytes, x + t * cols, nb)
+            if w.layout == QLAYOUT_I8_TENSOR:
+                _prefetch_row(w.q + r * cols, cols)
+                for t in range(t0, t0 + tn):
+                    out[t * rows + r] = k_dot_i8(w.q + r * cols, x + t * cols, cols, w.scale)
+            else:
+                _prefetch_row(w.blocks + r * row_bytes, row_bytes)
+                for t in range(t0, t0 + tn):
+                    out[t * rows + r] = k_dot_q8_0(w.blocks + r * row_bytes, x + t * cols, nb)
         t0 += tn
 
 

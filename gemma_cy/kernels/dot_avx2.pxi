@@ -23,7 +23,7 @@
 # - k_dot_q8_0 (the GEMV, decode) runs one row at a time, prefetching ahead:
 #   the four chains give it the parallelism it needs from a single row (the
 #   rows stream from DRAM; several rows at once measured ~2x slower there).
-# - _gemm_q8_0 (prefill) dequantizes GEMM_ROW_TILE rows at a time into
+# - _gemm (prefill) dequantizes GEMM_ROW_TILE rows at a time into
 #   scratch, laid out group-major (row, g, block, 8), and copies x into the
 #   same layout once, so every accumulator chain reads contiguous memory;
 #   then a 3-row x 4-position kernel keeps 12 accumulators in registers,
@@ -31,6 +31,9 @@
 #   for 3 rows (one load per 1.7 FMAs, where the GEMV needs one per FMA).
 #   Measured on Zen 3: ~1.5-1.8x the multiply-adds/s of the kernel it
 #   replaced (per block: products paired, then scaled, for four positions).
+#   An int8 matrix whose rows are whole runs of 32 has the same order (no
+#   per-block scale, the tensor's scale after the sum) and takes the same
+#   path, its rows only widened.
 
 cdef extern from "immintrin.h" nogil:
     ctypedef struct __m128i:
@@ -163,8 +166,8 @@ cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const flo
 
 
 cdef enum:
-    GEMM_ROW_TILE = 6  # rows of a Q8_0 matrix dequantized at once by _gemm_q8_0 (two 3-row kernels)
-    GEMM_POSITION_TILE = 64  # positions per pass over the matrix in _gemm_q8_0
+    GEMM_ROW_TILE = 6  # rows of a Q8_0 matrix dequantized at once by _gemm (two 3-row kernels)
+    GEMM_POSITION_TILE = 64  # positions per pass over the matrix in _gemm
 
 
 cdef inline __m256 _block_scale(const uint8_t* block) noexcept nogil:
@@ -218,6 +221,16 @@ cdef inline void _dequantize_grouped(float* out, const uint8_t* row, Py_ssize_t 
         row += Q8_0_BYTES
 
 
+cdef inline void _widen_grouped(float* out, const int8_t* row, Py_ssize_t n_blocks) noexcept nogil:
+    """One int8 row (one scale per tensor, applied after the sum) as f32,
+    group-major like _dequantize_grouped: out[(g * n_blocks + k) * 8 + j] =
+    row[32 k + 8 g + j]."""
+    cdef Py_ssize_t k, g, stride = n_blocks * 8
+    for k in range(n_blocks):
+        for g in range(4):
+            _mm256_storeu_ps(out + g * stride + k * 8, _widen8(row + 32 * k + 8 * g))
+
+
 cdef inline void _group_columns(float* out, const float* x, Py_ssize_t n_blocks) noexcept nogil:
     """x (32 * n_blocks,) in the group-major layout of _dequantize_grouped:
     out[(g * n_blocks + k) * 8 + j] = x[32 k + 8 g + j]."""
@@ -232,16 +245,17 @@ cdef inline __m128 _fold(__m256 a) noexcept nogil:
     return _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1))
 
 
-cdef inline void _sum8x4(float* out, Py_ssize_t stride, __m256 a, __m256 b, __m256 c, __m256 d) noexcept nogil:
+cdef inline void _sum8x4(float* out, Py_ssize_t stride, __m256 a, __m256 b, __m256 c, __m256 d,
+                         float scale) noexcept nogil:
     """out[0], out[stride], out[2 stride], out[3 stride] = _sum8 of the lanes
     of a, b, c, d, bit for bit (((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 +
-    v7)): halves folded, then two rounds of adjacent pairs)."""
+    v7)): halves folded, then two rounds of adjacent pairs), times scale."""
     cdef float sums[4]
     _mm_storeu_ps(sums, _mm_hadd_ps(_mm_hadd_ps(_fold(a), _fold(b)), _mm_hadd_ps(_fold(c), _fold(d))))
-    out[0] = sums[0]
-    out[stride] = sums[1]
-    out[2 * stride] = sums[2]
-    out[3 * stride] = sums[3]
+    out[0] = sums[0] * scale
+    out[stride] = sums[1] * scale
+    out[2 * stride] = sums[2] * scale
+    out[3 * stride] = sums[3] * scale
 
 
 cdef inline __m256 _lanes(const __m256* part, Py_ssize_t i) noexcept nogil:
@@ -269,8 +283,8 @@ cdef inline void _step_3x4(__m256* acc, const float* w, Py_ssize_t w_stride,
 
 
 cdef void _kernel_3x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssize_t w_stride,
-                      const float* x, Py_ssize_t x_stride, Py_ssize_t n_blocks) noexcept nogil:
-    """out[t * out_stride + i] for rows i < 3 and positions t < 4: w holds the
+                      const float* x, Py_ssize_t x_stride, Py_ssize_t n_blocks, float scale) noexcept nogil:
+    """out[t * out_stride + i] (times scale) for rows i < 3 and positions t < 4: w holds the
     3 rows and x the 4 positions group-major (row i at w + i w_stride,
     position t at x + t x_stride); 12 accumulator chains in registers, one
     group at a time, two blocks per iteration (unrolled: ~5-10% on Zen 3)."""
@@ -297,11 +311,11 @@ cdef void _kernel_3x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssiz
             part[12 * g + i] = acc[i]
     for i in range(3):
         _sum8x4(out + i, out_stride, _lanes(part, 4 * i), _lanes(part, 4 * i + 1),
-                _lanes(part, 4 * i + 2), _lanes(part, 4 * i + 3))
+                _lanes(part, 4 * i + 2), _lanes(part, 4 * i + 3), scale)
 
 
 cdef void _kernel_3x1(float* out, const float* w, Py_ssize_t w_stride, const float* x,
-                      Py_ssize_t n_blocks) noexcept nogil:
+                      Py_ssize_t n_blocks, float scale) noexcept nogil:
     """_kernel_3x4 for one position (the last < 4 of a block): out[0:3]."""
     cdef __m256 a0, a1, a2, xv
     cdef __m256 part[12]  # (4 groups, 3 rows)
@@ -325,22 +339,30 @@ cdef void _kernel_3x1(float* out, const float* w, Py_ssize_t w_stride, const flo
     for i in range(3):
         _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(part[i], part[3 + i]),
                                               _mm256_add_ps(part[6 + i], part[9 + i])))
-        out[i] = _sum8(lanes)
+        out[i] = _sum8(lanes) * scale
 
 
-cdef void _gemm_q8_0(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
-                     float* scratch) noexcept nogil:
-    """k_gemm of a Q8_0 matrix (see the order at the top of this file):
+cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
+                float* scratch) noexcept nogil:
+    """k_gemm (see the orders at the top of this file): a Q8_0 matrix, or an
+    int8 one whose rows are whole runs of 32 (its k_dot_i8 order is then the
+    same as Q8_0's, with the scale after the sum), by the blocked kernels:
     positions in passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows
     dequantized at a time (then 3 if 3 to 5 are left), the kernels run over
     every position of the pass (the dequantized rows stay in L1, the pass's
-    x in L2); the last 0 to 2 rows by k_dot_q8_0, bit for bit the same
-    order."""
+    x in L2); the last 0 to 2 rows by the GEMV's dot product, bit for bit
+    the same order. Other int8 matrices: _gemm_by_rows."""
+    cdef bint q8_0 = w.layout == QLAYOUT_Q8_0
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
-    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
+    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if q8_0 else cols
+    cdef const uint8_t* base = w.blocks if q8_0 else <const uint8_t*> w.q
+    cdef float scale = 1.0 if q8_0 else w.scale  # (x * 1.0 is x, bit for bit)
     cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) dequantized rows, group-major
     cdef float* xt = scratch + GEMM_ROW_TILE * cols  # (n_tokens, cols) x, group-major
     cdef Py_ssize_t t, t0, tn, r, i, n
+    if not q8_0 and cols % Q8_0_BLOCK != 0:
+        _gemm_by_rows(out, w, x, n_tokens)
+        return
     for t in range(n_tokens):
         _group_columns(xt + t * cols, x + t * cols, nb)
     t0 = 0
@@ -350,22 +372,29 @@ cdef void _gemm_q8_0(float* out, const QMatrix* w, const float* x, Py_ssize_t n_
         while r + 3 <= rows:
             n = GEMM_ROW_TILE if r + GEMM_ROW_TILE <= rows else 3  # then one 3-row tile if 3 to 5 rows are left
             for i in range(n):
-                _prefetch_row(w.blocks + (r + i) * row_bytes, row_bytes)
-                _dequantize_grouped(wt + i * cols, w.blocks + (r + i) * row_bytes, nb)
+                if not w.resident:
+                    _prefetch_row(base + (r + i) * row_bytes, row_bytes)
+                if q8_0:
+                    _dequantize_grouped(wt + i * cols, base + (r + i) * row_bytes, nb)
+                else:
+                    _widen_grouped(wt + i * cols, w.q + (r + i) * cols, nb)
             t = t0
             while t + 4 <= t0 + tn:  # both 3-row kernels on the same positions: their x stays in L1
-                _kernel_3x4(out + t * rows + r, rows, wt, cols, xt + t * cols, cols, nb)
+                _kernel_3x4(out + t * rows + r, rows, wt, cols, xt + t * cols, cols, nb, scale)
                 if n == GEMM_ROW_TILE:
-                    _kernel_3x4(out + t * rows + r + 3, rows, wt + 3 * cols, cols, xt + t * cols, cols, nb)
+                    _kernel_3x4(out + t * rows + r + 3, rows, wt + 3 * cols, cols, xt + t * cols, cols, nb, scale)
                 t += 4
             while t < t0 + tn:
-                _kernel_3x1(out + t * rows + r, wt, cols, xt + t * cols, nb)
+                _kernel_3x1(out + t * rows + r, wt, cols, xt + t * cols, nb, scale)
                 if n == GEMM_ROW_TILE:
-                    _kernel_3x1(out + t * rows + r + 3, wt + 3 * cols, cols, xt + t * cols, nb)
+                    _kernel_3x1(out + t * rows + r + 3, wt + 3 * cols, cols, xt + t * cols, nb, scale)
                 t += 1
             r += n
         while r < rows:
             for t in range(t0, t0 + tn):
-                out[t * rows + r] = k_dot_q8_0(w.blocks + r * row_bytes, x + t * cols, nb)
+                if q8_0:
+                    out[t * rows + r] = k_dot_q8_0(base + r * row_bytes, x + t * cols, nb)
+                else:
+                    out[t * rows + r] = k_dot_i8(w.q + r * cols, x + t * cols, cols, scale)
             r += 1
         t0 += tn

@@ -107,9 +107,9 @@ cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
 
 
 cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
-    return 0  # _gemm_q8_0 needs none
+    return 0  # _gemm needs none
 
 
-cdef void _gemm_q8_0(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
-                     float* scratch) noexcept nogil:
-    _gemm_q8_0_by_rows(out, w, x, n_tokens)
+cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
+                float* scratch) noexcept nogil:
+    _gemm_by_rows(out, w, x, n_tokens)
