@@ -34,7 +34,7 @@
 cimport cython
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 
 from gemma_cy.errors import ModelFormatError
 from gemma_cy.observe import op_shape
@@ -213,7 +213,7 @@ cdef class FastModel:
     cdef float* rope_cos  # (BLOCK, 2, hd/2): cos of each position's angles, global and local base
     cdef float* rope_sin  # (BLOCK, 2, hd/2)
     cdef float* out  # (vocab,) logits
-    cdef float[::1] att  # (cache_len,) scores, then probabilities, of one head
+    cdef float[::1] att  # (nh, cache_len) scores, then probabilities, of the query heads of one kv head
     cdef float[:, :, :, ::1] key_cache  # (n_layers, cache_len, nkv, hd), rotated keys
     cdef float[:, :, :, ::1] value_cache  # (n_layers, cache_len, nkv, hd), raw values
     cdef int bad_at[BLOCK]  # per position of a block: ALL_FINITE or where it went non-finite
@@ -305,7 +305,7 @@ cdef class FastModel:
         self.rope_sin = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
         logits = _zeros(c.vocab_size)
         self.out = _f32(logits, keep)
-        self.att = _zeros(cache_len)
+        self.att = _zeros(c.n_heads * cache_len)
         keys = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
         values = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
         self.key_cache, self.value_cache = keys, values
@@ -503,11 +503,10 @@ cdef class FastModel:
         reads kv head h * nkv // nh over the positions start .. pos0+t of its
         window (causal: never a later position of the block)."""
         cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads, kvd = self.kv_dim
-        cdef Py_ssize_t qd = self.q_dim, h, g, t, i, pos, start, n_att
+        cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, h, g, n_group, r, t, i, pos, start, n_att
         cdef float* k = &self.key_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
         cdef float* v = &self.value_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
         cdef float* qh
-        cdef float* aoh
         cdef float* att
         cdef const float* keys
         cdef const float* values
@@ -524,25 +523,31 @@ cdef class FastModel:
         self.observe_layer(layer, OP_K, k, kvd)
         self.observe_layer(layer, OP_V, v, kvd)
 
-        att = &self.att[0]  # (n_att,)
+        att = &self.att[0]  # (n_group, cache_len): one row per query head of the group
         for t in range(T):
             pos = pos0 + t
             start = pos - w.window + 1 if w.window > 0 and pos - w.window + 1 > 0 else 0
             n_att = pos + 1 - start
-            for h in range(nh):
+            h = 0
+            while h < nh:
+                # the query heads h .. h+n_group-1 all read kv head g: each key
+                # and value row is loaded once for all of them
                 g = h * nkv // nh
+                n_group = 1
+                while h + n_group < nh and (h + n_group) * nkv // nh == g:
+                    n_group += 1
                 qh = self.q + t * qd + h * hd
                 keys = &self.key_cache[layer, start, g, 0]  # key of position start + i: keys + i * kvd
                 values = &self.value_cache[layer, start, g, 0]
                 for i in range(n_att):
-                    att[i] = k_dot_f32(qh, keys + i * kvd, hd) * self.scores_scale
-                if self.attn_softcap > 0:
-                    k_softcap(att, n_att, self.attn_softcap)
-                k_softmax(att, n_att)
-                aoh = self.ao + t * qd + h * hd
-                memset(aoh, 0, hd * sizeof(float))
-                for i in range(n_att):
-                    k_axpy(aoh, att[i], values + i * kvd, hd)
+                    k_dot_f32_rows(att + i, cl, qh, hd, n_group, keys + i * kvd, hd)
+                for r in range(n_group):
+                    k_scale(att + r * cl, self.scores_scale, n_att)
+                    if self.attn_softcap > 0:
+                        k_softcap(att + r * cl, n_att, self.attn_softcap)
+                    k_softmax(att + r * cl, n_att)
+                k_weighted_rows(self.ao + t * qd + h * hd, hd, att, cl, n_group, values, kvd, n_att, hd)
+                h += n_group
         self.observe_layer(layer, OP_ATTN_OUT, self.ao, qd)
         self.matmul(out, &w.o_proj, self.ao, T)  # (T, dim)
         return 0
