@@ -13,7 +13,7 @@ Python API (all arrays C-contiguous; read-only inputs are fine):
     dot_f32(a, b) -> float
     axpy(a, x, y, out=None) -> out (y + a*x)
     dot_f32_rows(a, b) -> out (m,)            a (m, n): dot_f32 of each row, bit for bit
-    weighted_rows(w, x) -> out (m, n)         w (m, n_x), x (n_x, n): sums in the order of x's rows
+    weighted_rows(w, x, y, out=None) -> out   y (m, n) + w (m, n_x) . x (n_x, n), as repeated axpy
     softcap(x, cap, out=None) -> out
     gemv_i8(q, scale, x, out=None) -> out (rows,)
     rmsnorm(x, gain, eps, one_plus, out=None) -> out

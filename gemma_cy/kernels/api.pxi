@@ -123,9 +123,10 @@ cdef void k_dot_f32_rows(float* out, Py_ssize_t out_stride, const float* a, Py_s
 # y += a * x (the weighted sum of v), x, y (n,).
 cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil
 
-# y_r (n,) = sum_i w[r * w_stride + i] * x_i for r < m, over the rows x_i =
-# x + i * x_stride, i < n_x, each column summed in the order of i from 0 (the
-# attention output of the query heads of one kv head: x read once per 4 rows).
+# y_r (n,) += sum_i w[r * w_stride + i] * x_i for r < m, over the rows x_i =
+# x + i * x_stride, i < n_x: each value takes k_axpy's steps in the order of i,
+# so a sum split over calls has the bits of one call (the attention output of
+# the query heads of one kv head: x read once per 4 rows).
 cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
                           const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil
 

@@ -232,23 +232,12 @@ cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil
         y[i] += a * x[i]
 
 
-cdef inline void _weighted_tail(float* y, const float* w, const float* x, Py_ssize_t x_stride,
-                                Py_ssize_t n_x, Py_ssize_t c, Py_ssize_t n) noexcept nogil:
-    """Columns c .. n-1 of k_weighted_rows for one row: y[c] = sum_i w[i] x_i[c]."""
-    cdef float s
-    cdef Py_ssize_t i
-    while c < n:
-        s = 0
-        for i in range(n_x):
-            s += w[i] * x[i * x_stride + c]
-        y[c] = s
-        c += 1
-
-
 cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
                           const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
     # 16 columns of up to four output rows stay in registers while the x rows
-    # stream past once; every column sums its terms in the order of i.
+    # stream past once. Every value takes k_axpy's steps, y += w * x in the
+    # order of i (the tail columns are k_axpy itself), whichever rows share a
+    # pass: a sum split over several calls has the bits of one call.
     cdef float acc[4][16]
     cdef const float* xi
     cdef float w0, w1, w2, w3
@@ -256,11 +245,8 @@ cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssiz
     while r + 4 <= m:
         c = 0
         while c + 16 <= n:
-            for j in range(16):
-                acc[0][j] = 0
-                acc[1][j] = 0
-                acc[2][j] = 0
-                acc[3][j] = 0
+            for k in range(4):
+                memcpy(acc[k], y + (r + k) * y_stride + c, 16 * sizeof(float))
             for i in range(n_x):
                 xi = x + i * x_stride + c
                 w0 = w[r * w_stride + i]
@@ -275,14 +261,11 @@ cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssiz
             for k in range(4):
                 memcpy(y + (r + k) * y_stride + c, acc[k], 16 * sizeof(float))
             c += 16
-        for k in range(4):
-            _weighted_tail(y + (r + k) * y_stride, w + (r + k) * w_stride, x, x_stride, n_x, c, n)
         r += 4
     while r < m:
         c = 0
         while c + 16 <= n:
-            for j in range(16):
-                acc[0][j] = 0
+            memcpy(acc[0], y + r * y_stride + c, 16 * sizeof(float))
             for i in range(n_x):
                 xi = x + i * x_stride + c
                 w0 = w[r * w_stride + i]
@@ -290,8 +273,12 @@ cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssiz
                     acc[0][j] += w0 * xi[j]
             memcpy(y + r * y_stride + c, acc[0], 16 * sizeof(float))
             c += 16
-        _weighted_tail(y + r * y_stride, w + r * w_stride, x, x_stride, n_x, c, n)
         r += 1
+    c = n - n % 16
+    if c < n:
+        for r in range(m):
+            for i in range(n_x):
+                k_axpy(y + r * y_stride + c, w[r * w_stride + i], x + i * x_stride + c, n - c)
 
 
 cdef void k_scale(float* x, float s, Py_ssize_t n) noexcept nogil:
@@ -537,15 +524,21 @@ def dot_f32_rows(a, b):
     return out
 
 
-def weighted_rows(w, x):
-    """w (m, n_x) . x (n_x, n) f32 -> (m, n), each column of each row summed
-    in the order of x's rows (the attention output of the query heads of one
-    kv head: probabilities times values)."""
+def weighted_rows(w, x, y, out=None):
+    """y + w . x: w (m, n_x), x (n_x, n), y (m, n) f32, each value summed in
+    the order of x's rows as repeated axpy (the attention output of the query
+    heads of one kv head: probabilities times values); out=y accumulates in
+    place. Returns out."""
     _array(w, "w", np.float32, (2,))
     _array(x, "x", np.float32, (2,))
-    if w.shape[1] != x.shape[0]:
-        raise ValueError(f"weighted_rows: w has {w.shape[1]} columns, x {x.shape[0]} rows")
-    out = np.zeros((w.shape[0], x.shape[1]), np.float32)
+    _array(y, "y", np.float32, (2,))
+    if w.shape[1] != x.shape[0] or y.shape != (w.shape[0], x.shape[1]):
+        raise ValueError(f"weighted_rows: shapes w {w.shape}, x {x.shape}, y {y.shape} do not fit")
+    out = _out(out, y.shape, (w, x, y))
+    if out is w or out is x:
+        raise ValueError("weighted_rows: out is w or x (it accumulates into y)")
+    if out is not y:
+        out[...] = y
     cdef const float[:, ::1] wv = w, xv = x
     cdef float[:, ::1] ov = out
     cdef Py_ssize_t m = wv.shape[0], n_x = wv.shape[1], n = xv.shape[1]
