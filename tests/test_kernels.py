@@ -358,6 +358,44 @@ def test_dot_f32_matches_numpy(isa, data, n, offset):
 
 @ISA
 @SETTINGS
+@given(data=st.data(), m=st.integers(1, 9), n=st.integers(0, 70))
+def test_dot_f32_rows_is_dot_f32_bit_for_bit(isa, data, m, n):
+    """Every row of a (m, n), in a group of 4 or alone, gives dot_f32's bits:
+    attention scores must not depend on how many heads or positions share a
+    pass. Lengths around the 16-lane step and every odd tail."""
+    mod = kernels(isa)
+    a = data.draw(hnp.arrays(np.float32, (m, n), elements=st.floats(-X_MAX, X_MAX, width=32)))
+    b = read_only(data.draw(hnp.arrays(np.float32, n, elements=st.floats(-W_MAX, W_MAX, width=32))))
+    rows = mod.dot_f32_rows(read_only(a), b)
+    alone = np.array([mod.dot_f32(np.ascontiguousarray(row), b) for row in a], np.float32)
+    np.testing.assert_array_equal(rows.view(np.uint32), alone.view(np.uint32))
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), m=st.integers(1, 9), n_x=st.integers(1, 12), n=st.integers(1, 40),
+       split=st.integers(0, 12))
+def test_weighted_rows_is_repeated_axpy(isa, data, m, n_x, n, split):
+    """y + w . x matches NumPy; each row has the bits of the same row alone,
+    and of the sum split in two calls at any row of x (attention splits a
+    tile's value rows that way)."""
+    mod = kernels(isa)
+    w = read_only(data.draw(hnp.arrays(np.float32, (m, n_x), elements=st.floats(0, 1, width=32))))
+    x = read_only(data.draw(hnp.arrays(np.float32, (n_x, n), elements=finite)))
+    y = read_only(data.draw(hnp.arrays(np.float32, (m, n), elements=finite)))
+    whole = mod.weighted_rows(w, x, y)
+    assert_close(whole, y.astype(np.float64) + w.astype(np.float64) @ x.astype(np.float64), atol=2e-2)
+    alone = np.stack([mod.weighted_rows(w[r:r + 1].copy(), x, y[r:r + 1].copy())[0] for r in range(m)])
+    np.testing.assert_array_equal(whole, alone)
+    split = min(split, n_x)
+    first = mod.weighted_rows(np.ascontiguousarray(w[:, :split]), x[:split].copy(), y)
+    both = mod.weighted_rows(np.ascontiguousarray(w[:, split:]), x[split:].copy(), first, out=first)
+    assert both is first
+    np.testing.assert_array_equal(both, whole)
+
+
+@ISA
+@SETTINGS
 @given(data=st.data(), n=st.integers(1, N_MAX), offset=st.integers(0, 15), a=st.floats(-1, 1, width=32))
 def test_axpy_matches_numpy(isa, data, n, offset, a):
     """y + a*x: one product and one sum per value (fused or not: within 1 ulp)."""

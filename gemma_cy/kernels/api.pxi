@@ -122,8 +122,20 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
 # sum_i a[i] * b[i] in f32 with 16 lane sums (q.k of attention), a, b (n,).
 cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 
+# out[r * out_stride] = k_dot_f32(a + r * a_stride, b, n) bit for bit, r < m
+# (the query heads of one kv head against one key: b read once per 4 rows).
+cdef void k_dot_f32_rows(float* out, Py_ssize_t out_stride, const float* a, Py_ssize_t a_stride,
+                         Py_ssize_t m, const float* b, Py_ssize_t n) noexcept nogil
+
 # y += a * x (the weighted sum of v), x, y (n,).
 cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil
+
+# y_r (n,) += sum_i w[r * w_stride + i] * x_i for r < m, over the rows x_i =
+# x + i * x_stride, i < n_x: each value takes k_axpy's steps in the order of i,
+# so a sum split over calls has the bits of one call (the attention output of
+# the query heads of one kv head: x read once per 4 rows).
+cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                          const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil
 
 # x *= s in place (the embedding scale), x (n,).
 cdef void k_scale(float* x, float s, Py_ssize_t n) noexcept nogil

@@ -163,18 +163,13 @@ cdef float k_f16_to_f32(uint16_t h) noexcept nogil:
     return f
 
 
-cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
-    # 16 lane sums: two independent 8-wide chains once the compiler vectorizes
-    cdef float acc[16]
+cdef inline float _dot_f32_finish(const float* acc, const float* a, const float* b, Py_ssize_t i,
+                                  Py_ssize_t n) noexcept nogil:
+    """k_dot_f32's end: its 16 lane sums acc (of a . b up to i) folded (lanes
+    j and j+8, then _sum8), plus the tail terms i .. n-1 in order."""
     cdef float lanes[8]
-    cdef Py_ssize_t i = 0, j
     cdef float s
-    for j in range(16):
-        acc[j] = 0
-    while i + 16 <= n:
-        for j in range(16):
-            acc[j] += a[i + j] * b[i + j]
-        i += 16
+    cdef Py_ssize_t j
     for j in range(8):
         lanes[j] = acc[j] + acc[j + 8]
     s = _sum8(lanes)
@@ -184,10 +179,111 @@ cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogi
     return s
 
 
+cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
+    # 16 lane sums: two independent 8-wide chains once the compiler vectorizes
+    cdef float acc[16]
+    cdef Py_ssize_t i = 0, j
+    for j in range(16):
+        acc[j] = 0
+    while i + 16 <= n:
+        for j in range(16):
+            acc[j] += a[i + j] * b[i + j]
+        i += 16
+    return _dot_f32_finish(acc, a, b, i, n)
+
+
+cdef void k_dot_f32_rows(float* out, Py_ssize_t out_stride, const float* a, Py_ssize_t a_stride,
+                         Py_ssize_t m, const float* b, Py_ssize_t n) noexcept nogil:
+    # Four rows at a time share each load of b and run eight independent
+    # 8-wide chains; each row's lanes take exactly k_dot_f32's steps (the same
+    # product and sum, contracted or not alike), so the result is its bits.
+    cdef float acc[4][16]
+    cdef const float* a0
+    cdef const float* a1
+    cdef const float* a2
+    cdef const float* a3
+    cdef float bj
+    cdef Py_ssize_t r = 0, i, j, k
+    while r + 4 <= m:
+        a0 = a + r * a_stride
+        a1 = a0 + a_stride
+        a2 = a1 + a_stride
+        a3 = a2 + a_stride
+        for j in range(16):
+            acc[0][j] = 0
+            acc[1][j] = 0
+            acc[2][j] = 0
+            acc[3][j] = 0
+        i = 0
+        while i + 16 <= n:
+            for j in range(16):
+                bj = b[i + j]
+                acc[0][j] += a0[i + j] * bj
+                acc[1][j] += a1[i + j] * bj
+                acc[2][j] += a2[i + j] * bj
+                acc[3][j] += a3[i + j] * bj
+            i += 16
+        for k in range(4):
+            out[(r + k) * out_stride] = _dot_f32_finish(acc[k], a0 + k * a_stride, b, i, n)
+        r += 4
+    while r < m:
+        out[r * out_stride] = k_dot_f32(a + r * a_stride, b, n)
+        r += 1
+
+
 cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
     for i in range(n):
         y[i] += a * x[i]
+
+
+cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                          const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    # 16 columns of up to four output rows stay in registers while the x rows
+    # stream past once. Every value takes k_axpy's steps, y += w * x in the
+    # order of i (the tail columns are k_axpy itself), whichever rows share a
+    # pass: a sum split over several calls has the bits of one call.
+    cdef float acc[4][16]
+    cdef const float* xi
+    cdef float w0, w1, w2, w3
+    cdef Py_ssize_t r = 0, c, i, j, k
+    while r + 4 <= m:
+        c = 0
+        while c + 16 <= n:
+            for k in range(4):
+                memcpy(acc[k], y + (r + k) * y_stride + c, 16 * sizeof(float))
+            for i in range(n_x):
+                xi = x + i * x_stride + c
+                w0 = w[r * w_stride + i]
+                w1 = w[(r + 1) * w_stride + i]
+                w2 = w[(r + 2) * w_stride + i]
+                w3 = w[(r + 3) * w_stride + i]
+                for j in range(16):
+                    acc[0][j] += w0 * xi[j]
+                    acc[1][j] += w1 * xi[j]
+                    acc[2][j] += w2 * xi[j]
+                    acc[3][j] += w3 * xi[j]
+            for k in range(4):
+                memcpy(y + (r + k) * y_stride + c, acc[k], 16 * sizeof(float))
+            c += 16
+        r += 4
+    while r < m:
+        c = 0
+        while c + 16 <= n:
+            memcpy(acc[0], y + r * y_stride + c, 16 * sizeof(float))
+            for i in range(n_x):
+                xi = x + i * x_stride + c
+                w0 = w[r * w_stride + i]
+                for j in range(16):
+                    acc[0][j] += w0 * xi[j]
+            memcpy(y + r * y_stride + c, acc[0], 16 * sizeof(float))
+            c += 16
+        r += 1
+    c = n - n % 16
+    if c < n:
+        for r in range(m):
+            for i in range(n_x):
+                k_axpy(y + r * y_stride + c, w[r * w_stride + i], x + i * x_stride + c, n - c)
 
 
 cdef void k_scale(float* x, float s, Py_ssize_t n) noexcept nogil:
@@ -412,6 +508,48 @@ def axpy(a, x, y, out=None):
     if n:
         with nogil:
             k_axpy(&ov[0], s, &xv[0], n)
+    return out
+
+
+def dot_f32_rows(a, b):
+    """a . b of every row of a (m, n) f32 with b (n,) f32 -> (m,): each the
+    bits of dot_f32(a[r], b) (the query heads of one kv head against a key)."""
+    _array(a, "a", np.float32, (2,))
+    _array(b, "b", np.float32, (1,))
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"dot_f32_rows: a has {a.shape[1]} columns, b {b.shape[0]} values")
+    out = np.zeros(a.shape[0], np.float32)
+    cdef const float[:, ::1] av = a
+    cdef const float[::1] bv = b
+    cdef float[::1] ov = out
+    cdef Py_ssize_t m = av.shape[0], n = av.shape[1]
+    if m and n:
+        with nogil:
+            k_dot_f32_rows(&ov[0], 1, &av[0, 0], n, m, &bv[0], n)
+    return out
+
+
+def weighted_rows(w, x, y, out=None):
+    """y + w . x: w (m, n_x), x (n_x, n), y (m, n) f32, each value summed in
+    the order of x's rows as repeated axpy (the attention output of the query
+    heads of one kv head: probabilities times values); out=y accumulates in
+    place. Returns out."""
+    _array(w, "w", np.float32, (2,))
+    _array(x, "x", np.float32, (2,))
+    _array(y, "y", np.float32, (2,))
+    if w.shape[1] != x.shape[0] or y.shape != (w.shape[0], x.shape[1]):
+        raise ValueError(f"weighted_rows: shapes w {w.shape}, x {x.shape}, y {y.shape} do not fit")
+    out = _out(out, y.shape, (w, x, y))
+    if out is w or out is x:
+        raise ValueError("weighted_rows: out is w or x (it accumulates into y)")
+    if out is not y:
+        out[...] = y
+    cdef const float[:, ::1] wv = w, xv = x
+    cdef float[:, ::1] ov = out
+    cdef Py_ssize_t m = wv.shape[0], n_x = wv.shape[1], n = xv.shape[1]
+    if m and n_x and n:
+        with nogil:
+            k_weighted_rows(&ov[0, 0], n, &wv[0, 0], n_x, m, &xv[0, 0], n, n_x, n)
     return out
 
 

@@ -69,6 +69,10 @@ cdef enum:
 # Positions per block of the forward pass (scratch is (BLOCK, width)).
 cdef enum:
     BLOCK = 64
+# Positions of a block whose queries share each pass over the keys and values
+# in attention: the window's rows come from L2/L3 once per tile, not per position.
+cdef enum:
+    ATT_TILE = 4
 
 # FastModel.first_bad: where a step's activations first went non-finite
 # (-1 the embedding, 0..n_layers-1 a layer's residual, n_layers the logits).
@@ -163,6 +167,11 @@ cdef const float* _gain(object tensor, list keep) except? NULL:
 
 
 @cython.final
+cdef inline Py_ssize_t _window_start(Py_ssize_t pos, Py_ssize_t window) noexcept nogil:
+    """The first position that position pos attends to (window 0: all of them)."""
+    return pos - window + 1 if window > 0 and pos - window + 1 > 0 else 0
+
+
 cdef class FastModel:
     """The whole forward pass of one model in Cython, over this module's kernels.
 
@@ -206,6 +215,8 @@ cdef class FastModel:
     cdef float* xb2  # (BLOCK, dim) output of attention / MLP; the position row in embed
     cdef float* q  # (BLOCK, qd) queries
     cdef float* ao  # (BLOCK, qd) attention output (weighted sums of v), before o_proj
+    cdef float* q_tile  # (ATT_TILE * nh, hd) the query rows of one kv head over a tile of positions
+    cdef float* ao_tile  # (ATT_TILE * nh, hd) their attention output
     cdef float* hb  # (BLOCK, mlp) gate, then act(gate) * up
     cdef float* hb2  # (BLOCK, mlp) up
     cdef int8_t* xq  # (BLOCK, max width) a matrix input quantized (q8 mode)
@@ -214,7 +225,7 @@ cdef class FastModel:
     cdef float* rope_cos  # (BLOCK, 2, hd/2): cos of each position's angles, global and local base
     cdef float* rope_sin  # (BLOCK, 2, hd/2)
     cdef float* out  # (vocab,) logits
-    cdef float[::1] att  # (cache_len,) scores, then probabilities, of one head
+    cdef float[::1] att  # (ATT_TILE * nh, cache_len) scores, then probabilities, of the rows of q_tile
     cdef float[:, :, :, ::1] key_cache  # (n_layers, cache_len, nkv, hd), rotated keys
     cdef float[:, :, :, ::1] value_cache  # (n_layers, cache_len, nkv, hd), raw values
     cdef int bad_at[BLOCK]  # per position of a block: ALL_FINITE or where it went non-finite
@@ -307,7 +318,9 @@ cdef class FastModel:
         self.rope_sin = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
         logits = _zeros(c.vocab_size)
         self.out = _f32(logits, keep)
-        self.att = _zeros(cache_len)
+        self.q_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
+        self.ao_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
+        self.att = _zeros(ATT_TILE * c.n_heads * cache_len)
         keys = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
         values = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
         self.key_cache, self.value_cache = keys, values
@@ -503,16 +516,13 @@ cdef class FastModel:
         k and v of the block are computed straight into the cache rows of its
         positions (rotated key, raw value); then query head h of position t
         reads kv head h * nkv // nh over the positions start .. pos0+t of its
-        window (causal: never a later position of the block)."""
+        window (causal: never a later position of the block). The query heads
+        of one kv head over a tile of up to ATT_TILE positions go together,
+        each row's scores and sums taking the steps one position alone takes."""
         cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads, kvd = self.kv_dim
-        cdef Py_ssize_t qd = self.q_dim, h, g, t, i, pos, start, n_att
+        cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, t
         cdef float* k = &self.key_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
         cdef float* v = &self.value_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
-        cdef float* qh
-        cdef float* aoh
-        cdef float* att
-        cdef const float* keys
-        cdef const float* values
         self.matmul(self.q, &w.q_proj, x, T)  # (T, nh, hd)
         self.matmul(k, &w.k_proj, x, T)  # (T, nkv, hd)
         self.matmul(v, &w.v_proj, x, T)  # (T, nkv, hd)
@@ -526,28 +536,75 @@ cdef class FastModel:
         self.observe_layer(layer, OP_K, k, kvd)
         self.observe_layer(layer, OP_V, v, kvd)
 
-        att = &self.att[0]  # (n_att,)
-        for t in range(T):
-            pos = pos0 + t
-            start = pos - w.window + 1 if w.window > 0 and pos - w.window + 1 > 0 else 0
-            n_att = pos + 1 - start
-            for h in range(nh):
+        cdef Py_ssize_t t0 = 0, n_pos, h, g, n_group
+        while t0 < T:
+            n_pos = ATT_TILE if T - t0 > ATT_TILE else T - t0
+            h = 0
+            while h < nh:
                 g = h * nkv // nh
-                qh = self.q + t * qd + h * hd
-                keys = &self.key_cache[layer, start, g, 0]  # key of position start + i: keys + i * kvd
-                values = &self.value_cache[layer, start, g, 0]
-                for i in range(n_att):
-                    att[i] = k_dot_f32(qh, keys + i * kvd, hd) * self.scores_scale
-                if self.attn_softcap > 0:
-                    k_softcap(att, n_att, self.attn_softcap)
-                k_softmax(att, n_att)
-                aoh = self.ao + t * qd + h * hd
-                memset(aoh, 0, hd * sizeof(float))
-                for i in range(n_att):
-                    k_axpy(aoh, att[i], values + i * kvd, hd)
+                n_group = 1
+                while h + n_group < nh and (h + n_group) * nkv // nh == g:
+                    n_group += 1
+                self.attend_tile(w, layer, self.q + t0 * qd + h * hd, pos0 + t0, n_pos, n_group, g)
+                for t in range(n_pos):
+                    memcpy(self.ao + (t0 + t) * qd + h * hd, self.ao_tile + t * n_group * hd,
+                           n_group * hd * sizeof(float))
+                h += n_group
+            t0 += n_pos
         self.observe_layer(layer, OP_ATTN_OUT, self.ao, qd)
         self.matmul(out, &w.o_proj, self.ao, T)  # (T, dim)
         return 0
+
+    cdef void attend_tile(self, const LayerWeights* w, Py_ssize_t layer, const float* q, Py_ssize_t pos1,
+                          Py_ssize_t n_pos, Py_ssize_t n_group, Py_ssize_t g) noexcept nogil:
+        """n_group query heads that read kv head g, of positions pos1 ..
+        pos1+n_pos-1: q (n_pos rows qd apart, n_group, hd) -> ao_tile
+        (n_pos, n_group, hd).
+
+        Position p sees the cache rows [start_p, p+1), inside the tile's span
+        [lo, hi); every row of q_tile gets scores over the whole span (one
+        pass over the keys), and keeps its own range. The weighted sums of v
+        run in the order of the positions: the rows before c0 (the last
+        position's start) per position, [c0, c1) (seen by every position)
+        for all rows at once, then the rest per position."""
+        cdef Py_ssize_t hd = self.head_dim, kvd = self.kv_dim, qd = self.q_dim, cl = self.cache_len
+        cdef Py_ssize_t rows = n_pos * n_group, p, r, i, start, end, split
+        cdef Py_ssize_t lo = _window_start(pos1, w.window), hi = pos1 + n_pos
+        cdef Py_ssize_t c0 = _window_start(hi - 1, w.window)
+        cdef Py_ssize_t c1 = pos1 + 1 if pos1 + 1 > c0 else c0
+        cdef float* att = &self.att[0]  # (rows, cache_len): row r's score of position lo + i at i
+        cdef float* score
+        cdef const float* keys = &self.key_cache[layer, lo, g, 0]  # key of position lo + i: keys + i * kvd
+        cdef const float* values = &self.value_cache[layer, lo, g, 0]
+        for p in range(n_pos):
+            memcpy(self.q_tile + p * n_group * hd, q + p * qd, n_group * hd * sizeof(float))
+        for i in range(hi - lo):
+            k_dot_f32_rows(att + i, cl, self.q_tile, hd, rows, keys + i * kvd, hd)
+        for p in range(n_pos):
+            start = _window_start(pos1 + p, w.window)
+            for r in range(p * n_group, (p + 1) * n_group):
+                score = att + r * cl + (start - lo)
+                k_scale(score, self.scores_scale, pos1 + p + 1 - start)
+                if self.attn_softcap > 0:
+                    k_softcap(score, pos1 + p + 1 - start, self.attn_softcap)
+                k_softmax(score, pos1 + p + 1 - start)
+        memset(self.ao_tile, 0, rows * hd * sizeof(float))
+        for p in range(n_pos):  # [start, min(end, c0))
+            start = _window_start(pos1 + p, w.window)
+            end = pos1 + p + 1
+            split = end if end < c0 else c0
+            if split > start:
+                k_weighted_rows(self.ao_tile + p * n_group * hd, hd, att + p * n_group * cl + (start - lo), cl,
+                                n_group, values + (start - lo) * kvd, kvd, split - start, hd)
+        if c1 > c0:
+            k_weighted_rows(self.ao_tile, hd, att + (c0 - lo), cl, rows, values + (c0 - lo) * kvd, kvd, c1 - c0, hd)
+        for p in range(n_pos):  # [max(min(end, c0), c1), end)
+            end = pos1 + p + 1
+            split = end if end < c0 else c0
+            split = split if split > c1 else c1
+            if end > split:
+                k_weighted_rows(self.ao_tile + p * n_group * hd, hd, att + p * n_group * cl + (split - lo), cl,
+                                n_group, values + (split - lo) * kvd, kvd, end - split, hd)
 
     cdef inline void mlp(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t T) noexcept nogil:
         """Gated MLP: down(act(gate x) * (up x)); xn (T, dim) -> out (T, dim)."""
