@@ -523,6 +523,93 @@ def test_gating_matches_numpy(isa, data, n, act):
     assert_close(fn(gate, up), expected, ATOL_ACT, RTOL_ACT)
 
 
+def gelu_tanh_exact_f64(g):
+    """gelu_tanh in float64 to within a few f64 ulps, for the f32 ulp checks:
+    0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)), the same function without the
+    cancellation of 1 + tanh(u) near -1, which leaves no digit of f64 for
+    g < -5 (gelu_tanh_f64 gives 0 at g = -10, not -1.2e-37)."""
+    u = np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)
+    with np.errstate(over="ignore"):
+        return g / (1 + np.exp(-2 * u))
+
+
+def f32_ulps(actual: np.ndarray, exact: np.ndarray) -> np.ndarray:
+    """|actual - exact| in units of the f32 spacing at exact (2^-149 among
+    the subnormals): a correctly rounded f32 result is within 0.5."""
+    a = np.abs(exact)
+    _, e = np.frexp(a)
+    ulp = np.where(a < 2.0 ** -126, 2.0 ** -149, np.ldexp(1.0, e - 24))
+    return np.abs(actual.astype(np.float64) - exact) / ulp
+
+
+# The activations are computed in f64 and rounded once, so each result is
+# the correctly rounded f32 but within ~1e-6 ulp of a tie; 0.501 leaves that
+# margin and still fails an f32 evaluation or a libm-free exp/tanh that is
+# off by more than ~1e-11 relative.
+ULP_ACT = 0.501
+# Every 509th f32 in [0, 20] (a prime stride: every exponent and a spread of
+# mantissas), ~2.2e6 gates a sign; past |g| = 20 silu is g or 0 to the last
+# ulp, gelu_tanh already at |g| = 10.
+GATE_SWEEP = np.arange(0, np.float32(20).view(np.uint32) + 1, 509, dtype=np.uint32)
+
+
+@ISA
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_gating_is_correctly_rounded_on_a_dense_sweep(isa, act):
+    """act(gate) * up on every 509th f32 gate in [-20, 20] (up = 1, then
+    random up): at most ULP_ACT f32 ulps from float64."""
+    m = kernels(isa)
+    fn, ref = (m.silu_mul, silu_f64) if act == "silu" else (m.gelu_tanh_mul, gelu_tanh_exact_f64)
+    rng = np.random.default_rng(5)
+    for sign in (0, 0x80000000):
+        for chunk in np.array_split(GATE_SWEEP | np.uint32(sign), 4):
+            gate = chunk.view(np.float32)
+            with np.errstate(over="ignore"):
+                exact = ref(gate.astype(np.float64))
+            for up in (np.ones_like(gate), rng.uniform(-4, 4, gate.size).astype(np.float32)):
+                err = f32_ulps(fn(gate, up), exact * up)
+                worst = int(np.argmax(err))
+                assert err[worst] <= ULP_ACT, f"gate {gate[worst]!r}, up {up[worst]!r}: {err[worst]:.4f} ulp"
+
+
+@ISA
+@SETTINGS
+@given(data=st.data(), n=st.integers(1, N_MAX), act=st.sampled_from(["silu", "gelu_tanh"]))
+def test_gating_is_correctly_rounded_on_any_f32(isa, data, n, act):
+    """Any finite f32 gate (subnormals, the saturation around exp's f64
+    range), |up| <= 1 so that the product stays an f32: at most ULP_ACT."""
+    gate = read_only(data.draw(hnp.arrays(np.float32, n, elements=st.one_of(
+        st.floats(width=32, allow_nan=False, allow_infinity=False),
+        st.floats(-720, -700, width=32), st.floats(-22, -20, width=32)))))
+    up = read_only(data.draw(hnp.arrays(np.float32, n, elements=st.floats(-1, 1, width=32))))
+    m = kernels(isa)
+    fn, ref = (m.silu_mul, silu_f64) if act == "silu" else (m.gelu_tanh_mul, gelu_tanh_exact_f64)
+    with np.errstate(over="ignore"):
+        exact = ref(gate.astype(np.float64)) * up
+    assert f32_ulps(fn(gate, up), exact).max() <= ULP_ACT
+
+
+@ISA
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_gating_special_values(isa, act):
+    """NaN in gives NaN; +inf gate gives inf * up; -inf gate gives NaN (as the
+    reference: -inf * 0); gates far below zero give the signed zero
+    sign(g) sign(up) 0; a gate past the saturation is g * up exactly."""
+    m = kernels(isa)
+    fn = m.silu_mul if act == "silu" else m.gelu_tanh_mul
+    f32 = np.finfo(np.float32)
+    gate = np.array([np.nan, 1.0, np.inf, np.inf, -np.inf, 0.0, -0.0, -1e4, -f32.max, -800.0, -708.5, 1e4,
+                     f32.max, f32.tiny, -f32.smallest_subnormal], np.float32)
+    up = np.array([1.0, np.nan, 2.0, -3.0, 1.0, -1.0, 1.0, 1.0, -f32.max, 0.5, f32.max, -0.25,
+                   0.5, 1.0, 1.0], np.float32)
+    want = np.array([np.nan, np.nan, np.inf, -np.inf, np.nan, -0.0, -0.0, -0.0, 0.0, -0.0, -0.0, -2500.0,
+                     f32.max / 2, f32.tiny / 2, -0.0], np.float32)
+    got = fn(gate, up)
+    np.testing.assert_array_equal(got, want)
+    signed = ~np.isnan(want)
+    np.testing.assert_array_equal(np.signbit(got[signed]), np.signbit(want[signed]))
+
+
 @ISA
 @SETTINGS
 @given(data=st.data(), n=st.integers(1, N_MAX), offset=st.integers(0, 15))

@@ -9,8 +9,8 @@
 # rounding from the comparison: the sums of rmsnorm and softmax, the RoPE
 # angles, and the activations.
 
-from libc.math cimport cos, exp, expf, pow, sin, sqrt, tanh
-from libc.stdint cimport uint32_t
+from libc.math cimport cos, expf, pow, sin, sqrt, tanh
+from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
 import numpy as np
@@ -30,11 +30,21 @@ cdef double GELU_CUBIC = 0.044715
 # the smallest subnormal); skipping the call there gives the same 0 without
 # the libm underflow path (slow: it sets errno).
 cdef float EXPF_ZERO_BELOW = -104.0
-# silu(g) * up and gelu_tanh(g) * up round to a signed zero in f32 for any
-# finite f32 up when g is below this: |g| e^g <= 200 e^-200 ~ 3e-85, times
-# f32 max is below half the smallest subnormal. Skipping exp(-g) there avoids
-# its overflow path (slow).
-cdef double ACT_ZERO_BELOW = -200.0
+# The activations' e^x (in _sigmoid): x = n ln 2 + r with n = round(x / ln 2)
+# and |r| <= ln2 / 2, e^x = 2^n e^r (Cody-Waite). Adding 1.5 * 2^52 rounds
+# x / ln 2 to an integer n and leaves n in the low bits of the sum; ln 2 is
+# split in two (LN2_HI has 32 significant bits, so n * LN2_HI is exact for
+# |n| < 2^21) so that r keeps its digits.
+cdef double LOG2_E = 1.4426950408889634
+cdef double ROUND_MAGIC = 6755399441055744.0  # 1.5 * 2^52
+cdef double LN2_HI = 6.93147180369123816490e-01  # 0x3fe62e42fee00000
+cdef double LN2_LO = 1.90821492927058770002e-10  # ln 2 - LN2_HI
+# sigmoid(t) = 1 / (1 + e^-t) is taken as exactly 0 below SIGMOID_ZERO_BELOW:
+# there it is under e^-708 ~ 3e-308, and g * sigmoid * up (|g|, |up| <= f32
+# max ~ 3.4e38) under 4e-231, which rounds to a signed zero in f32. Above it
+# sigmoid stays a normal f64 (no subnormal slow path).
+cdef double SIGMOID_ZERO_BELOW = -708.0
+cdef double EXP_TO_INF = 710.0  # n = 1024: the exponent bits of 2^n are those of +inf
 
 
 cdef inline float _sum8(const float* v) noexcept nogil:
@@ -372,23 +382,50 @@ cdef void k_softmax(float* x, Py_ssize_t n) noexcept nogil:
         x[i] = <float> (x[i] * inv)
 
 
+cdef inline double _sigmoid(double t) noexcept nogil:
+    """sigmoid(t) = 1 / (1 + e^-t) with a relative error below 1e-14; exactly
+    0 below SIGMOID_ZERO_BELOW (and for NaN: the callers' factor g carries
+    the NaN), 1 for t = +inf. Plain arithmetic and two selects on the input,
+    no libm call and no branch around arithmetic (gcc would then refuse to
+    vectorize under -ftrapping-math), so the callers' loops vectorize."""
+    cdef double x = -t
+    cdef double k, n, r, p, scale
+    cdef uint64_t bits
+    x = x if x < -SIGMOID_ZERO_BELOW else EXP_TO_INF  # 2^n = +inf: 1 / (1 + inf) = 0
+    x = x if x > SIGMOID_ZERO_BELOW else SIGMOID_ZERO_BELOW  # e^x < 2^-1021: 1 + e^x = 1
+    k = x * LOG2_E + ROUND_MAGIC
+    n = k - ROUND_MAGIC
+    r = (x - n * LN2_HI) - n * LN2_LO
+    # e^r by its Taylor series to r^11: the remainder is below
+    # (ln2/2)^12 / 12! < 7e-15 relative.
+    p = 1.0 + r * (1.0 + r * (1.0 / 2 + r * (1.0 / 6 + r * (1.0 / 24 + r * (
+        1.0 / 120 + r * (1.0 / 720 + r * (1.0 / 5040 + r * (1.0 / 40320 + r * (
+            1.0 / 362880 + r * (1.0 / 3628800 + r * (1.0 / 39916800)))))))))))
+    # 2^n: its exponent field n + 1023 (1..2047) from the low bits of k; the
+    # shift drops the bits of ROUND_MAGIC.
+    memcpy(&bits, &k, 8)
+    bits = (bits + 1023) << 52
+    memcpy(&scale, &bits, 8)
+    return 1.0 / (1.0 + p * scale)
+
+
 cdef void k_silu_mul(float* out, const float* gate, const float* up, Py_ssize_t n) noexcept nogil:
+    # silu(g) = g sigmoid(g)
     cdef double g
     cdef Py_ssize_t i
     for i in range(n):
         g = gate[i]
-        if g < ACT_ZERO_BELOW:
-            out[i] = <float> ((g * 0.0) * up[i])  # the signed zero g / (1 + exp(-g)) * up rounds to
-        else:
-            out[i] = <float> (g / (1.0 + exp(-g)) * up[i])
+        out[i] = <float> (g * _sigmoid(g) * up[i])
 
 
 cdef void k_gelu_tanh_mul(float* out, const float* gate, const float* up, Py_ssize_t n) noexcept nogil:
+    # 0.5 g (1 + tanh(u)) = g sigmoid(2u), u = sqrt(2/pi) (g + 0.044715 g^3): the
+    # same function without the cancellation of 1 + tanh(u) for g < 0.
     cdef double g
     cdef Py_ssize_t i
     for i in range(n):
         g = gate[i]
-        out[i] = <float> (0.5 * g * (1.0 + tanh(SQRT_2_OVER_PI * (g + GELU_CUBIC * g * g * g))) * up[i])
+        out[i] = <float> (g * _sigmoid(2.0 * SQRT_2_OVER_PI * (g + GELU_CUBIC * g * g * g)) * up[i])
 
 
 cdef void k_add(float* x, const float* y, Py_ssize_t n) noexcept nogil:
