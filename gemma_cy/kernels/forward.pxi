@@ -166,12 +166,12 @@ cdef const float* _gain(object tensor, list keep) except? NULL:
     return _f32(np.array(tensor.dequantize(), dtype=np.float32, order="C", copy=True), keep)
 
 
-@cython.final
 cdef inline Py_ssize_t _window_start(Py_ssize_t pos, Py_ssize_t window) noexcept nogil:
     """The first position that position pos attends to (window 0: all of them)."""
     return pos - window + 1 if window > 0 and pos - window + 1 > 0 else 0
 
 
+@cython.final
 cdef class FastModel:
     """The whole forward pass of one model in Cython, over this module's kernels.
 
