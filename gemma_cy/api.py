@@ -86,7 +86,7 @@ def load(weights: str, tokenizer: str | None = None, engine: str = DEFAULT_ENGIN
     (default: the GGUF itself, or weights + ".tok" for GMW1), ``engine``
     "fast" | "reference", and the KV cache length (context =
     min(max_cache_len, the model's max_seq_len)). ``activations="q8"`` is
-    the opt-in int8-activation speed mode (gemma_cy.engines.make_engine)."""
+    the opt-in int8-activation mode (gemma_cy.engines.make_engine)."""
     weights = os.fspath(weights)
     loaded = open_weights(weights)
     tok = open_tokenizer(os.fspath(tokenizer) if tokenizer is not None else default_tokenizer_path(weights))

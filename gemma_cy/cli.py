@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help="compute engine")
     p.add_argument("--activations", choices=ACTIVATIONS, default="f32",
                    help="f32 (default), or q8: every matrix input quantized to int8 per block of 32, "
-                        "an opt-in speed mode that costs some fidelity")
+                        "llama.cpp's numerics, opt-in; it costs some fidelity and, on AVX2, is slower than f32")
     p.add_argument("--dump", action="store_true", help="print the config and tensor table, then exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (ids, text, stop reason, speeds) instead of streaming")

@@ -10,13 +10,13 @@ from .weights import Weights
 
 ENGINES = ("reference", "fast")
 DEFAULT_ENGINE = "fast"
-ACTIVATIONS = ("f32", "q8")  # "q8": the opt-in int8-activation speed mode
+ACTIVATIONS = ("f32", "q8")  # "q8": the opt-in int8-activation mode
 
 
 def make_engine(name: str, weights: Weights, max_cache_len: int, activations: str = "f32"):
     """Build engine ``name`` ("reference" or "fast") with a KV cache of
     min(max_cache_len, model max) positions. ``activations``: "f32" (the
-    default) or "q8", the opt-in speed mode that quantizes every matrix input
+    default) or "q8", the opt-in mode that quantizes every matrix input
     to int8 per block of 32 (SPEC Part C: both engines do it bit for bit the
     same way; it costs fidelity, so it is never the default)."""
     if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len <= 0:

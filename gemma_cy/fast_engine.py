@@ -46,7 +46,7 @@ class FastEngine:
     ``pos`` (positions filled so far), ``reset()``, ``forward(token, pos)``,
     ``prefill(ids)``, ``decode(token)``, each returning the logits (vocab,)
     f32 as a new array the caller owns. ``activations``: "f32" (default) or
-    "q8" (the opt-in int8-activation speed mode, SPEC Part C; the reference
+    "q8" (the opt-in int8-activation mode, SPEC Part C; the reference
     engine mirrors it). ``model`` is the FastModel (its
     ``cache_keys``/``cache_values`` are read-only views of the KV cache).
     """

@@ -213,7 +213,7 @@ def _describe(a) -> str:
 
 
 # ---------------------------------------------------------------------------
-# int8 activations: the opt-in "q8" speed mode (SPEC Part C). The fast path
+# int8 activations: the opt-in "q8" mode (SPEC Part C). The fast path
 # (kernels/q8_*.pxi, k_quantize_q8) and the reference quantize every matrix
 # input with this one rule, bit for bit.
 

@@ -14,7 +14,7 @@
 # the cache up to t only).
 #
 # Activations: f32 (the default), or "q8": every matrix input quantized to
-# int8 per block of 32 first (k_quantize_q8), the opt-in speed mode of SPEC
+# int8 per block of 32 first (k_quantize_q8), the opt-in mode of SPEC
 # Part C that the reference mirrors (gemma_cy.quant.quantize_activations_q8).
 #
 # Included by every gemma_cy/simd_<isa>.pyx after the kernels, so each ISA
