@@ -12,7 +12,7 @@ Python API (all arrays C-contiguous; read-only inputs are fine):
     dot_i8(q, x, scale) -> float
     dot_f32(a, b) -> float
     axpy(a, x, y, out=None) -> out (y + a*x)
-    dot_f32_rows(a, b) -> out (m,)            a (m, n): dot_f32 of each row, bit for bit
+    scores(q, keys) -> out (m, n_keys)        q (m, n), keys (n_keys, n): attention scores
     weighted_rows(w, x, y, out=None) -> out   y (m, n) + w (m, n_x) . x (n_x, n), as repeated axpy
     softcap(x, cap, out=None) -> out
     gemv_i8(q, scale, x, out=None) -> out (rows,)
@@ -98,7 +98,7 @@ _impl = module_for(ISA)
 dot_i8 = _impl.dot_i8
 dot_f32 = _impl.dot_f32
 axpy = _impl.axpy
-dot_f32_rows = _impl.dot_f32_rows
+scores = _impl.scores
 weighted_rows = _impl.weighted_rows
 softcap = _impl.softcap
 gemv_i8 = _impl.gemv_i8

@@ -358,17 +358,22 @@ def test_dot_f32_matches_numpy(isa, data, n, offset):
 
 @ISA
 @SETTINGS
-@given(data=st.data(), m=st.integers(1, 9), n=st.integers(0, 70))
-def test_dot_f32_rows_is_dot_f32_bit_for_bit(isa, data, m, n):
-    """Every row of a (m, n), in a group of 4 or alone, gives dot_f32's bits:
-    attention scores must not depend on how many heads or positions share a
-    pass. Lengths around the 16-lane step and every odd tail."""
+@given(data=st.data(), m=st.integers(1, 5), n_keys=st.integers(1, 27), n=st.integers(0, 70))
+def test_scores_do_not_depend_on_grouping(isa, data, m, n_keys, n):
+    """Attention scores q . keys^T: every score has the same bits computed in
+    one call (keys in groups of 8, the rest one by one), alone, or in a call
+    that starts at another key; and it is the dot product (vs float64).
+    Lengths around the 8-lane step and every odd tail."""
     mod = kernels(isa)
-    a = data.draw(hnp.arrays(np.float32, (m, n), elements=st.floats(-X_MAX, X_MAX, width=32)))
-    b = read_only(data.draw(hnp.arrays(np.float32, n, elements=st.floats(-W_MAX, W_MAX, width=32))))
-    rows = mod.dot_f32_rows(read_only(a), b)
-    alone = np.array([mod.dot_f32(np.ascontiguousarray(row), b) for row in a], np.float32)
-    np.testing.assert_array_equal(rows.view(np.uint32), alone.view(np.uint32))
+    q = data.draw(hnp.arrays(np.float32, (m, n), elements=st.floats(-X_MAX, X_MAX, width=32)))
+    keys = data.draw(hnp.arrays(np.float32, (n_keys, n), elements=st.floats(-W_MAX, W_MAX, width=32)))
+    got = mod.scores(read_only(q), read_only(keys))
+    alone = np.array([[mod.scores(q[r:r + 1], keys[i:i + 1])[0, 0] for i in range(n_keys)] for r in range(m)],
+                     np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), alone.view(np.uint32))
+    start = data.draw(st.integers(0, n_keys - 1))
+    np.testing.assert_array_equal(mod.scores(q, keys[start:]).view(np.uint32), got[:, start:].view(np.uint32))
+    assert_close(got, q.astype(np.float64) @ keys.astype(np.float64).T)
 
 
 @ISA

@@ -119,13 +119,16 @@ cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float*
 # out (w.cols,) = row ``row`` of w dequantized (an embedding lookup).
 cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil
 
-# sum_i a[i] * b[i] in f32 with 16 lane sums (q.k of attention), a, b (n,).
+# sum_i a[i] * b[i] in f32 with 16 lane sums, a, b (n,).
 cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 
-# out[r * out_stride] = k_dot_f32(a + r * a_stride, b, n) bit for bit, r < m
-# (the query heads of one kv head against one key: b read once per 4 rows).
-cdef void k_dot_f32_rows(float* out, Py_ssize_t out_stride, const float* a, Py_ssize_t a_stride,
-                         Py_ssize_t m, const float* b, Py_ssize_t n) noexcept nogil
+# Attention scores: out[r * out_stride + i] = q_r . key_i for the m query
+# rows q + r * q_stride and the n_keys keys + i * key_stride, each of n
+# values; every score in one order, whatever the rows and keys of the call
+# (8 lanes over the whole 8s, summed by _sum8, then the last < 8 products in
+# order), so a score's bits do not depend on how attention groups its work.
+cdef void k_scores(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
+                   const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys, Py_ssize_t n) noexcept nogil
 
 # y += a * x (the weighted sum of v), x, y (n,).
 cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil

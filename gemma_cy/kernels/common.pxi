@@ -202,43 +202,57 @@ cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogi
     return _dot_f32_finish(acc, a, b, i, n)
 
 
-cdef void k_dot_f32_rows(float* out, Py_ssize_t out_stride, const float* a, Py_ssize_t a_stride,
-                         Py_ssize_t m, const float* b, Py_ssize_t n) noexcept nogil:
-    # Four rows at a time share each load of b and run eight independent
-    # 8-wide chains; each row's lanes take exactly k_dot_f32's steps (the same
-    # product and sum, contracted or not alike), so the result is its bits.
-    cdef float acc[4][16]
-    cdef const float* a0
-    cdef const float* a1
-    cdef const float* a2
-    cdef const float* a3
-    cdef float bj
-    cdef Py_ssize_t r = 0, i, j, k
-    while r + 4 <= m:
-        a0 = a + r * a_stride
-        a1 = a0 + a_stride
-        a2 = a1 + a_stride
-        a3 = a2 + a_stride
-        for j in range(16):
-            acc[0][j] = 0
-            acc[1][j] = 0
-            acc[2][j] = 0
-            acc[3][j] = 0
+cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
+    """One score of k_scores: 8 lane sums over the whole 8s, _sum8, the tail."""
+    cdef float acc[8]
+    cdef Py_ssize_t j = 0, l
+    cdef float s
+    for l in range(8):
+        acc[l] = 0
+    while j + 8 <= n:
+        for l in range(8):
+            acc[l] += q[j + l] * key[j + l]
+        j += 8
+    s = _sum8(acc)
+    while j < n:
+        s += q[j] * key[j]
+        j += 1
+    return s
+
+
+cdef inline void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
+                          Py_ssize_t n) noexcept nogil:
+    """out[0:8] = _score(q, keys + k * key_stride, n) for 8 keys, bit for bit:
+    each 8 query values loaded once for the 8 keys, 8 independent chains."""
+    cdef float acc[8][8]  # (key, lane)
+    cdef Py_ssize_t j = 0, k, l
+    cdef float s
+    for k in range(8):
+        for l in range(8):
+            acc[k][l] = 0
+    while j + 8 <= n:
+        for k in range(8):
+            for l in range(8):
+                acc[k][l] += q[j + l] * keys[k * key_stride + j + l]
+        j += 8
+    for k in range(8):
+        s = _sum8(acc[k])
+        for l in range(j, n):
+            s += q[l] * keys[k * key_stride + l]
+        out[k] = s
+
+
+cdef void k_scores(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
+                   const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t r, i
+    for r in range(m):
         i = 0
-        while i + 16 <= n:
-            for j in range(16):
-                bj = b[i + j]
-                acc[0][j] += a0[i + j] * bj
-                acc[1][j] += a1[i + j] * bj
-                acc[2][j] += a2[i + j] * bj
-                acc[3][j] += a3[i + j] * bj
-            i += 16
-        for k in range(4):
-            out[(r + k) * out_stride] = _dot_f32_finish(acc[k], a0 + k * a_stride, b, i, n)
-        r += 4
-    while r < m:
-        out[r * out_stride] = k_dot_f32(a + r * a_stride, b, n)
-        r += 1
+        while i + 8 <= n_keys:
+            _scores8(out + r * out_stride + i, q + r * q_stride, keys + i * key_stride, key_stride, n)
+            i += 8
+        while i < n_keys:
+            out[r * out_stride + i] = _score(q + r * q_stride, keys + i * key_stride, n)
+            i += 1
 
 
 cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil:
@@ -548,21 +562,22 @@ def axpy(a, x, y, out=None):
     return out
 
 
-def dot_f32_rows(a, b):
-    """a . b of every row of a (m, n) f32 with b (n,) f32 -> (m,): each the
-    bits of dot_f32(a[r], b) (the query heads of one kv head against a key)."""
-    _array(a, "a", np.float32, (2,))
-    _array(b, "b", np.float32, (1,))
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"dot_f32_rows: a has {a.shape[1]} columns, b {b.shape[0]} values")
-    out = np.zeros(a.shape[0], np.float32)
-    cdef const float[:, ::1] av = a
-    cdef const float[::1] bv = b
-    cdef float[::1] ov = out
-    cdef Py_ssize_t m = av.shape[0], n = av.shape[1]
-    if m and n:
+def scores(q, keys):
+    """Attention scores q . keys^T: q (m, n), keys (n_keys, n) f32 -> (m,
+    n_keys), each score in k_scores' one order (the same bits whether
+    computed alone or with other rows and keys)."""
+    _array(q, "q", np.float32, (2,))
+    _array(keys, "keys", np.float32, (2,))
+    if q.shape[1] != keys.shape[1]:
+        raise ValueError(f"scores: q has {q.shape[1]} columns, keys {keys.shape[1]}")
+    out = np.zeros((q.shape[0], keys.shape[0]), np.float32)
+    cdef const float[:, ::1] qv = q
+    cdef const float[:, ::1] kv = keys
+    cdef float[:, ::1] ov = out
+    cdef Py_ssize_t m = qv.shape[0], n_keys = kv.shape[0], n = qv.shape[1]
+    if m and n_keys:
         with nogil:
-            k_dot_f32_rows(&ov[0], 1, &av[0, 0], n, m, &bv[0], n)
+            k_scores(&ov[0, 0], n_keys, &qv[0, 0], n, m, &kv[0, 0], n, n_keys, n)
     return out
 
 

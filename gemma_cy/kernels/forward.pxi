@@ -578,8 +578,7 @@ cdef class FastModel:
         cdef const float* values = &self.value_cache[layer, lo, g, 0]
         for p in range(n_pos):
             memcpy(self.q_tile + p * n_group * hd, q + p * qd, n_group * hd * sizeof(float))
-        for i in range(hi - lo):
-            k_dot_f32_rows(att + i, cl, self.q_tile, hd, rows, keys + i * kvd, hd)
+        k_scores(att, cl, self.q_tile, hd, rows, keys, kvd, hi - lo, hd)
         for p in range(n_pos):
             start = _window_start(pos1 + p, w.window)
             for r in range(p * n_group, (p + 1) * n_group):
