@@ -9,7 +9,7 @@
 # rounding from the comparison: the sums of rmsnorm and softmax, the RoPE
 # angles, and the activations.
 
-from libc.math cimport cos, expf, pow, sin, sqrt, tanh
+from libc.math cimport cos, pow, sin, sqrt, tanh
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -26,11 +26,7 @@ cdef enum:
     GEMM_TOKEN_TILE = 16  # positions per pass over a matrix in k_gemm (see there)
 cdef double SQRT_2_OVER_PI = 0.7978845608028654  # sqrt(2/pi) of GELU's tanh approximation
 cdef double GELU_CUBIC = 0.044715
-# expf(x) is 0 in f32 for every x below this (below e^-103.97 = 2^-150, half
-# the smallest subnormal); skipping the call there gives the same 0 without
-# the libm underflow path (slow: it sets errno).
-cdef float EXPF_ZERO_BELOW = -104.0
-# The activations' e^x (in _sigmoid): x = n ln 2 + r with n = round(x / ln 2)
+# e^x (_exp: the activations' sigmoid, softmax): x = n ln 2 + r with n = round(x / ln 2)
 # and |r| <= ln2 / 2, e^x = 2^n e^r (Cody-Waite). Adding 1.5 * 2^52 rounds
 # x / ln 2 to an integer n and leaves n in the low bits of the sum; ln 2 is
 # split in two (LN2_HI has 32 significant bits, so n * LN2_HI is exact for
@@ -45,6 +41,9 @@ cdef double LN2_LO = 1.90821492927058770002e-10  # ln 2 - LN2_HI
 # sigmoid stays a normal f64 (no subnormal slow path).
 cdef double SIGMOID_ZERO_BELOW = -708.0
 cdef double EXP_TO_INF = 710.0  # n = 1024: the exponent bits of 2^n are those of +inf
+# e^x rounds to 0 in f32 below this (e^-200 ~ 1e-87, under half the smallest
+# f32 subnormal); softmax clamps its exponents here, inside _exp's range.
+cdef float SOFTMAX_ZERO_BELOW = -200.0
 
 
 cdef inline float _sum8(const float* v) noexcept nogil:
@@ -379,7 +378,7 @@ cdef void k_rope_apply(float* x, const float* cos_t, const float* sin_t, Py_ssiz
 
 
 cdef void k_softmax(float* x, Py_ssize_t n) noexcept nogil:
-    cdef float m
+    cdef float m, t
     cdef double total = 0, inv
     cdef Py_ssize_t i
     if n <= 0:
@@ -388,25 +387,23 @@ cdef void k_softmax(float* x, Py_ssize_t n) noexcept nogil:
     for i in range(1, n):
         if x[i] > m:
             m = x[i]
+    for i in range(n):  # vectorized: no libm call
+        t = x[i] - m  # <= 0, or NaN (stays NaN: the select below keeps it)
+        x[i] = <float> _exp(t if not t < SOFTMAX_ZERO_BELOW else SOFTMAX_ZERO_BELOW)
     for i in range(n):
-        x[i] = 0 if x[i] - m < EXPF_ZERO_BELOW else expf(x[i] - m)  # NaN stays NaN
         total += x[i]
     inv = 1.0 / total
     for i in range(n):
         x[i] = <float> (x[i] * inv)
 
 
-cdef inline double _sigmoid(double t) noexcept nogil:
-    """sigmoid(t) = 1 / (1 + e^-t) with a relative error below 1e-14; exactly
-    0 below SIGMOID_ZERO_BELOW (and for NaN: the callers' factor g carries
-    the NaN), 1 for t = +inf. Plain arithmetic and two selects on the input,
-    no libm call and no branch around arithmetic (gcc would then refuse to
-    vectorize under -ftrapping-math), so the callers' loops vectorize."""
-    cdef double x = -t
+cdef inline double _exp(double x) noexcept nogil:
+    """e^x for SIGMOID_ZERO_BELOW <= x < EXP_TO_INF (e^x is +inf at
+    EXP_TO_INF; NaN gives NaN) with a relative error below 1e-14: plain
+    arithmetic, no libm call and no branch, so the callers' loops vectorize
+    (gcc refuses to under -ftrapping-math when arithmetic sits in a branch)."""
     cdef double k, n, r, p, scale
     cdef uint64_t bits
-    x = x if x < -SIGMOID_ZERO_BELOW else EXP_TO_INF  # 2^n = +inf: 1 / (1 + inf) = 0
-    x = x if x > SIGMOID_ZERO_BELOW else SIGMOID_ZERO_BELOW  # e^x < 2^-1021: 1 + e^x = 1
     k = x * LOG2_E + ROUND_MAGIC
     n = k - ROUND_MAGIC
     r = (x - n * LN2_HI) - n * LN2_LO
@@ -420,7 +417,17 @@ cdef inline double _sigmoid(double t) noexcept nogil:
     memcpy(&bits, &k, 8)
     bits = (bits + 1023) << 52
     memcpy(&scale, &bits, 8)
-    return 1.0 / (1.0 + p * scale)
+    return p * scale
+
+
+cdef inline double _sigmoid(double t) noexcept nogil:
+    """sigmoid(t) = 1 / (1 + e^-t) with a relative error below 1e-14; exactly
+    0 below SIGMOID_ZERO_BELOW (and for NaN: the callers' factor g carries
+    the NaN), 1 for t = +inf. Two selects on the input, then _exp."""
+    cdef double x = -t
+    x = x if x < -SIGMOID_ZERO_BELOW else EXP_TO_INF  # 2^n = +inf: 1 / (1 + inf) = 0
+    x = x if x > SIGMOID_ZERO_BELOW else SIGMOID_ZERO_BELOW  # e^x < 2^-1021: 1 + e^x = 1
+    return 1.0 / (1.0 + _exp(x))
 
 
 cdef void k_silu_mul(float* out, const float* gate, const float* up, Py_ssize_t n) noexcept nogil:
