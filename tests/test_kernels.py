@@ -378,7 +378,7 @@ def test_scores_do_not_depend_on_grouping(isa, data, m, n_keys, n):
 
 @ISA
 @SETTINGS
-@given(data=st.data(), m=st.integers(1, 9), n_x=st.integers(1, 12), n=st.integers(1, 40),
+@given(data=st.data(), m=st.integers(1, 9), n_x=st.integers(1, 12), n=st.integers(1, 150),
        split=st.integers(0, 12))
 def test_weighted_rows_is_repeated_axpy(isa, data, m, n_x, n, split):
     """y + w . x matches NumPy; each row has the bits of the same row alone,

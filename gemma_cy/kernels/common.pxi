@@ -219,10 +219,11 @@ cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcep
     return s
 
 
-cdef inline void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
-                          Py_ssize_t n) noexcept nogil:
+cdef inline void _scores8_portable(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
+                                   Py_ssize_t n) noexcept nogil:
     """out[0:8] = _score(q, keys + k * key_stride, n) for 8 keys, bit for bit:
-    each 8 query values loaded once for the 8 keys, 8 independent chains."""
+    each 8 query values loaded once for the 8 keys, 8 independent chains (a
+    module's _scores8 when it has none of its own)."""
     cdef float acc[8][8]  # (key, lane)
     cdef Py_ssize_t j = 0, k, l
     cdef float s
@@ -267,6 +268,7 @@ cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssiz
     # order of i (the tail columns are k_axpy itself), whichever rows share a
     # pass: a sum split over several calls has the bits of one call.
     cdef float acc[4][16]
+    cdef float wide[64]
     cdef const float* xi
     cdef float w0, w1, w2, w3
     cdef Py_ssize_t r = 0, c, i, j, k
@@ -290,8 +292,17 @@ cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssiz
                 memcpy(y + (r + k) * y_stride + c, acc[k], 16 * sizeof(float))
             c += 16
         r += 4
-    while r < m:
+    while r < m:  # one row: 64 columns at a time (8 independent chains; 16 would be latency-bound)
         c = 0
+        while c + 64 <= n:
+            memcpy(wide, y + r * y_stride + c, 64 * sizeof(float))
+            for i in range(n_x):
+                xi = x + i * x_stride + c
+                w0 = w[r * w_stride + i]
+                for j in range(64):
+                    wide[j] += w0 * xi[j]
+            memcpy(y + r * y_stride + c, wide, 64 * sizeof(float))
+            c += 64
         while c + 16 <= n:
             memcpy(acc[0], y + r * y_stride + c, 16 * sizeof(float))
             for i in range(n_x):

@@ -342,6 +342,36 @@ cdef void _kernel_3x1(float* out, const float* w, Py_ssize_t w_stride, const flo
         out[i] = _sum8(lanes) * scale
 
 
+cdef void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
+                   Py_ssize_t n) noexcept nogil:
+    """k_scores for 8 keys (common.pxi's _score bit for bit: one 8-lane FMA
+    chain per key, _sum8, the tail in order), the 8 accumulators in
+    registers and the 8 sums folded two keys' worth at a time (_sum8x4)."""
+    cdef __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0
+    cdef __m256 qv
+    cdef Py_ssize_t j = 0, k, i
+    cdef float s
+    while j + 8 <= n:
+        qv = _mm256_loadu_ps(q + j)
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + j), a0)
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + key_stride + j), a1)
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + 2 * key_stride + j), a2)
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + 3 * key_stride + j), a3)
+        a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + 4 * key_stride + j), a4)
+        a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + 5 * key_stride + j), a5)
+        a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + 6 * key_stride + j), a6)
+        a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + 7 * key_stride + j), a7)
+        j += 8
+    _sum8x4(out, 1, a0, a1, a2, a3, 1.0)
+    _sum8x4(out + 4, 1, a4, a5, a6, a7, 1.0)
+    if j < n:
+        for k in range(8):
+            s = out[k]
+            for i in range(j, n):
+                s += q[i] * keys[k * key_stride + i]
+            out[k] = s
+
+
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
     """k_gemm (see the orders at the top of this file): a Q8_0 matrix, or an

@@ -78,3 +78,8 @@ cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noex
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
     _gemm_by_rows(out, w, x, n_tokens)
+
+
+cdef inline void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
+                          Py_ssize_t n) noexcept nogil:
+    _scores8_portable(out, q, keys, key_stride, n)
