@@ -201,8 +201,9 @@ cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogi
     return _dot_f32_finish(acc, a, b, i, n)
 
 
-cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
-    """One score of k_scores: 8 lane sums over the whole 8s, _sum8, the tail."""
+cdef inline float _score_portable(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
+    """One score of k_scores: 8 lane sums over the whole 8s, _sum8, the tail
+    (a module's _score when it has none of its own)."""
     cdef float acc[8]
     cdef Py_ssize_t j = 0, l
     cdef float s
@@ -221,7 +222,7 @@ cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcep
 
 cdef inline void _scores8_portable(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
                                    Py_ssize_t n) noexcept nogil:
-    """out[0:8] = _score(q, keys + k * key_stride, n) for 8 keys, bit for bit:
+    """out[0:8] = _score_portable(q, keys + k * key_stride, n) for 8 keys, bit for bit:
     each 8 query values loaded once for the 8 keys, 8 independent chains (a
     module's _scores8 when it has none of its own)."""
     cdef float acc[8][8]  # (key, lane)
@@ -593,7 +594,7 @@ def scores(q, keys):
     cdef const float[:, ::1] kv = keys
     cdef float[:, ::1] ov = out
     cdef Py_ssize_t m = qv.shape[0], n_keys = kv.shape[0], n = qv.shape[1]
-    if m and n_keys:
+    if m and n_keys and n:  # (n == 0: every score is 0)
         with nogil:
             k_scores(&ov[0, 0], n_keys, &qv[0, 0], n, m, &kv[0, 0], n, n_keys, n)
     return out

@@ -35,6 +35,8 @@
 #   per-block scale, the tensor's scale after the sum) and takes the same
 #   path, its rows only widened.
 
+from libc.math cimport fmaf
+
 cdef extern from "immintrin.h" nogil:
     ctypedef struct __m128i:
         pass
@@ -344,9 +346,9 @@ cdef void _kernel_3x1(float* out, const float* w, Py_ssize_t w_stride, const flo
 
 cdef void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
                    Py_ssize_t n) noexcept nogil:
-    """k_scores for 8 keys (common.pxi's _score bit for bit: one 8-lane FMA
-    chain per key, _sum8, the tail in order), the 8 accumulators in
-    registers and the 8 sums folded two keys' worth at a time (_sum8x4)."""
+    """k_scores for 8 keys (_score bit for bit: one 8-lane FMA chain per key,
+    _sum8, the tail by FMAs in order), the 8 accumulators in registers and
+    the 8 sums folded four keys at a time (_sum8x4)."""
     cdef __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0
     cdef __m256 qv
     cdef Py_ssize_t j = 0, k, i
@@ -368,8 +370,27 @@ cdef void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key
         for k in range(8):
             s = out[k]
             for i in range(j, n):
-                s += q[i] * keys[k * key_stride + i]
+                s = fmaf(q[i], keys[k * key_stride + i], s)
             out[k] = s
+
+
+cdef float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
+    """One score of k_scores, _scores8's bits for one key: an 8-lane FMA chain
+    over the whole 8s, _sum8, then the tail by explicit FMAs (not left to
+    the compiler's contraction, which differs between -O0 and -O3)."""
+    cdef __m256 a = _mm256_setzero_ps()
+    cdef Py_ssize_t j = 0
+    cdef float lanes[8]
+    cdef float s
+    while j + 8 <= n:
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(key + j), a)
+        j += 8
+    _mm256_storeu_ps(lanes, a)
+    s = _sum8(lanes)
+    while j < n:
+        s = fmaf(q[j], key[j], s)
+        j += 1
+    return s
 
 
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,

@@ -83,3 +83,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
 cdef inline void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
                           Py_ssize_t n) noexcept nogil:
     _scores8_portable(out, q, keys, key_stride, n)
+
+
+cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
+    return _score_portable(q, key, n)
