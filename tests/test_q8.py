@@ -47,8 +47,9 @@ def quantize_f64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d = np.zeros(len(blocks), np.float32)
     for b, block in enumerate(blocks):
         d[b] = np.float32(max(abs(v) for v in block) / 127.0)
-        inv = np.float32(1.0 / np.float64(d[b])) if d[b] != 0 else np.float32(0)
-        inv = np.float32(0) if np.isinf(inv) else inv  # 1/d overflows f32: q = 0
+        with np.errstate(over="ignore"):  # 1/d may overflow f32 on purpose: q = 0 then
+            inv = np.float32(1.0 / np.float64(d[b])) if d[b] != 0 else np.float32(0)
+        inv = np.float32(0) if np.isinf(inv) else inv
         for i, v in enumerate(block):
             q[b, i] = int(np.rint(np.float64(np.float32(np.float32(v) * inv))))
     return q.reshape(-1), d
