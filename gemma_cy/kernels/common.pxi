@@ -172,13 +172,18 @@ cdef float k_f16_to_f32(uint16_t h) noexcept nogil:
     return f
 
 
-cdef inline float _dot_f32_finish(const float* acc, const float* a, const float* b, Py_ssize_t i,
-                                  Py_ssize_t n) noexcept nogil:
-    """k_dot_f32's end: its 16 lane sums acc (of a . b up to i) folded (lanes
-    j and j+8, then _sum8), plus the tail terms i .. n-1 in order."""
+cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
+    # 16 lane sums: two independent 8-wide chains once the compiler vectorizes
+    cdef float acc[16]
     cdef float lanes[8]
+    cdef Py_ssize_t i = 0, j
     cdef float s
-    cdef Py_ssize_t j
+    for j in range(16):
+        acc[j] = 0
+    while i + 16 <= n:
+        for j in range(16):
+            acc[j] += a[i + j] * b[i + j]
+        i += 16
     for j in range(8):
         lanes[j] = acc[j] + acc[j + 8]
     s = _sum8(lanes)
@@ -186,19 +191,6 @@ cdef inline float _dot_f32_finish(const float* acc, const float* a, const float*
         s += a[i] * b[i]
         i += 1
     return s
-
-
-cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
-    # 16 lane sums: two independent 8-wide chains once the compiler vectorizes
-    cdef float acc[16]
-    cdef Py_ssize_t i = 0, j
-    for j in range(16):
-        acc[j] = 0
-    while i + 16 <= n:
-        for j in range(16):
-            acc[j] += a[i + j] * b[i + j]
-        i += 16
-    return _dot_f32_finish(acc, a, b, i, n)
 
 
 cdef inline float _score_portable(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
