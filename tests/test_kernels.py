@@ -389,7 +389,12 @@ def test_weighted_rows_is_repeated_axpy(isa, data, m, n_x, n, split):
     x = read_only(data.draw(hnp.arrays(np.float32, (n_x, n), elements=finite)))
     y = read_only(data.draw(hnp.arrays(np.float32, (m, n), elements=finite)))
     whole = mod.weighted_rows(w, x, y)
-    assert_close(whole, y.astype(np.float64) + w.astype(np.float64) @ x.astype(np.float64), atol=2e-2)
+    exact = y.astype(np.float64) + w.astype(np.float64) @ x.astype(np.float64)
+    # n_x products and n_x sums, each rounded once (or fused): each error at
+    # most 2^-24 of the largest partial sum (<= |y| + |w| . |x|), or half the
+    # smallest subnormal (2^-150) where the values are subnormal
+    bound = 2 * n_x * (2.0 ** -24 * (np.abs(y) + np.abs(w).astype(np.float64) @ np.abs(x)) + 2.0 ** -150)
+    assert np.all(np.abs(whole - exact) <= bound), np.max(np.abs(whole - exact) - bound)
     alone = np.stack([mod.weighted_rows(w[r:r + 1].copy(), x, y[r:r + 1].copy())[0] for r in range(m)])
     np.testing.assert_array_equal(whole, alone)
     split = min(split, n_x)
