@@ -237,15 +237,18 @@ cdef inline void _scores8_portable(float* out, const float* q, const float* keys
 
 cdef void k_scores(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
                    const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t r, i
-    for r in range(m):
-        i = 0
-        while i + 8 <= n_keys:
+    # Keys outermost: 8 keys (8 KB at head_dim 256) stay in L1 while every
+    # query row passes over them; rows outermost streamed the whole span of
+    # keys from L2 once per row.
+    cdef Py_ssize_t r, i = 0
+    while i + 8 <= n_keys:
+        for r in range(m):
             _scores8(out + r * out_stride + i, q + r * q_stride, keys + i * key_stride, key_stride, n)
-            i += 8
-        while i < n_keys:
+        i += 8
+    while i < n_keys:
+        for r in range(m):
             out[r * out_stride + i] = _score(q + r * q_stride, keys + i * key_stride, n)
-            i += 1
+        i += 1
 
 
 cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil:
