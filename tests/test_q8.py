@@ -123,7 +123,10 @@ KINDS = pytest.mark.parametrize("kind", ["int8", "q8_0"])
 @KINDS
 @pytest.mark.parametrize("T, rows, cols", [(2, 37, 96), (5, 37, 96), (16, 37, 96), (17, 37, 96), (33, 37, 96),
                                            # past a pass of 64 positions, row tiles of 6 and their rest
-                                           (67, 70, 640), (130, 12, 256)])
+                                           (67, 70, 640), (130, 12, 256),
+                                           # matrices of 1 or 2 rows (the GEMV); 6 + 2 rows (the last 3-row
+                                           # tile overlaps the 6 by one row)
+                                           (5, 1, 64), (5, 2, 64), (5, 8, 96)])
 def test_f32_gemm_rows_equal_single_position_products(isa, kind, T, rows, cols):
     w = random_matrix(kind, rows, cols, T)
     x = np.random.default_rng(T + 1).standard_normal((T, cols)).astype(np.float32)

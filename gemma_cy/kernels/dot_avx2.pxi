@@ -417,10 +417,11 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     int8 one whose rows are whole runs of 32 (its k_dot_i8 order is then the
     same as Q8_0's, with the scale after the sum), by the blocked kernels:
     positions in passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows
-    dequantized at a time (then 3 if 3 to 5 are left), the kernels run over
-    every position of the pass (the dequantized rows stay in L1, the pass's
-    x in L2); the last 0 to 2 rows by the GEMV's dot product, bit for bit
-    the same order. Other int8 matrices: _gemm_by_rows."""
+    dequantized at a time (then tiles of 3 for the last 1 to 5, the last
+    one overlapping the one before if need be), the kernels run over every
+    position of the pass (the dequantized rows stay in L1, the pass's x in
+    L2); a matrix of 1 or 2 rows by the GEMV's dot product, bit for bit the
+    same order. Other int8 matrices: _gemm_by_rows."""
     cdef bint q8_0 = w.layout == QLAYOUT_Q8_0
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if q8_0 else cols
@@ -438,8 +439,12 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_POSITION_TILE, n_tokens - t0)
         r = 0
-        while r + 3 <= rows:
-            n = GEMM_ROW_TILE if r + GEMM_ROW_TILE <= rows else 3  # then one 3-row tile if 3 to 5 rows are left
+        while r < rows and rows >= 3:
+            if r + GEMM_ROW_TILE <= rows:
+                n = GEMM_ROW_TILE
+            else:  # 3-row tiles for the last 1 to 5 rows; one of 1 or 2 overlaps the tile before
+                n = 3  # (its rows are written again with the same bits: each row's order is its own)
+                r = min(r, rows - 3)
             for i in range(n):
                 if not w.resident:
                     _prefetch_row(base + (r + i) * row_bytes, row_bytes)
@@ -459,7 +464,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
                     _kernel_3x1(out + t * rows + r + 3, wt + 3 * cols, cols, xt + t * cols, nb, scale)
                 t += 1
             r += n
-        while r < rows:
+        while r < rows:  # a matrix of 1 or 2 rows
             for t in range(t0, t0 + tn):
                 if q8_0:
                     out[t * rows + r] = k_dot_q8_0(base + r * row_bytes, x + t * cols, nb)
