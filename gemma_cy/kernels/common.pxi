@@ -257,8 +257,25 @@ cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil
         y[i] += a * x[i]
 
 
+cdef enum:
+    WEIGHTED_ROWS_PASS = 16  # x rows per pass of k_weighted_rows (16 KB at 256 columns: L1)
+
+
 cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
                           const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    # In passes of WEIGHTED_ROWS_PASS x rows: a pass's rows stay in L1 while
+    # every group of output rows and columns goes over them, where one pass
+    # over all of x read it from L2 once per group. A sum split over passes
+    # has the bits of one pass (see _weighted_rows_pass).
+    cdef Py_ssize_t i = 0, k
+    while i < n_x:
+        k = min(<Py_ssize_t> WEIGHTED_ROWS_PASS, n_x - i)
+        _weighted_rows_pass(y, y_stride, w + i, w_stride, m, x + i * x_stride, x_stride, k, n)
+        i += k
+
+
+cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                              const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
     # 16 columns of up to four output rows stay in registers while the x rows
     # stream past once. Every value takes k_axpy's steps, y += w * x in the
     # order of i (the tail columns are k_axpy itself), whichever rows share a
