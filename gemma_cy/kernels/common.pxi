@@ -65,6 +65,18 @@ cdef inline void _prefetch_row(const void* row, Py_ssize_t row_bytes) noexcept n
         __builtin_prefetch(ahead + b)
 
 
+cdef inline void _prefetch_rows(const float* rows, Py_ssize_t n_rows, Py_ssize_t stride,
+                                Py_ssize_t n) noexcept nogil:
+    """Hints for n_rows rows of n floats, stride floats apart (attention's
+    next keys or values: at decode the cache comes from DRAM, and its rows
+    are read in short strided runs the hardware prefetcher does not follow
+    far enough ahead)."""
+    cdef Py_ssize_t i, b
+    for i in range(n_rows):
+        for b in range(0, n, 16):
+            __builtin_prefetch(rows + i * stride + b)
+
+
 cdef void _gemv_i8_rows(float* out, const int8_t* q, float scale, const float* x,
                         Py_ssize_t rows, Py_ssize_t cols) noexcept nogil:
     """k_gemv_i8 one row at a time (k_dot_i8 each), prefetching ahead."""
@@ -242,6 +254,7 @@ cdef void k_scores(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t
     # keys from L2 once per row.
     cdef Py_ssize_t r, i = 0
     while i + 8 <= n_keys:
+        _prefetch_rows(keys + (i + 16) * key_stride, min(8, n_keys - i - 16), key_stride, n)
         for r in range(m):
             _scores8(out + r * out_stride + i, q + r * q_stride, keys + i * key_stride, key_stride, n)
         i += 8
@@ -270,6 +283,7 @@ cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssiz
     cdef Py_ssize_t i = 0, k
     while i < n_x:
         k = min(<Py_ssize_t> WEIGHTED_ROWS_PASS, n_x - i)
+        _prefetch_rows(x + (i + k) * x_stride, min(<Py_ssize_t> WEIGHTED_ROWS_PASS, n_x - i - k), x_stride, n)
         _weighted_rows_pass(y, y_stride, w + i, w_stride, m, x + i * x_stride, x_stride, k, n)
         i += k
 
