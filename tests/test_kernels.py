@@ -378,8 +378,8 @@ def test_scores_do_not_depend_on_grouping(isa, data, m, n_keys, n):
 
 @ISA
 @SETTINGS
-@given(data=st.data(), m=st.integers(1, 9), n_x=st.integers(1, 12), n=st.integers(1, 150),
-       split=st.integers(0, 12))
+@given(data=st.data(), m=st.integers(1, 9), n_x=st.integers(1, 40), n=st.integers(1, 150),
+       split=st.integers(0, 40))  # n_x past two passes of 16 x rows
 def test_weighted_rows_is_repeated_axpy(isa, data, m, n_x, n, split):
     """y + w . x matches NumPy; each row has the bits of the same row alone,
     and of the sum split in two calls at any row of x (attention splits a
