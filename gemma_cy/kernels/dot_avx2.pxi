@@ -20,10 +20,9 @@
 # weight times x: a_g = fma(f32(q) * f32(d), x, a_g) (f32(q) * f32(d) is
 # exact: 8 bits times the 11 of an f16 significand); lanes = (a0 + a1) +
 # (a2 + a3), summed by _sum8 (k_dot_i8's order, without a tail).
-# - k_gemv_q8_0 (decode) runs k_dot_q8_0's loop one row at a time, with
-#   one prefetch hint per block GEMV_AHEAD_BYTES ahead: the four chains give
-#   it the parallelism it needs from a single row (the rows stream from
-#   DRAM; several rows at once measured ~2x slower there).
+# - k_dot_q8_0 (the GEMV, decode) runs one row at a time, prefetching ahead:
+#   the four chains give it the parallelism it needs from a single row (the
+#   rows stream from DRAM; several rows at once measured ~2x slower there).
 # - _gemm (prefill) dequantizes GEMM_ROW_TILE rows at a time into
 #   scratch, laid out group-major (row, g, block, 8), and copies x into the
 #   same layout once, so every accumulator chain reads contiguous memory;
@@ -169,7 +168,6 @@ cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const flo
 
 
 cdef enum:
-    GEMV_AHEAD_BYTES = 4096  # k_gemv_q8_0's prefetch distance (~6 rows of Gemma 3's 640 columns)
     GEMM_ROW_TILE = 6  # rows of a Q8_0 matrix dequantized at once by _gemm (two 3-row kernels)
     GEMM_POSITION_TILE = 64  # positions per pass over the matrix in _gemm
 
@@ -179,12 +177,7 @@ cdef inline __m256 _block_scale(const uint8_t* block) noexcept nogil:
     return _mm256_set1_ps(_cvtsh_ss(_load_u16(block)))
 
 
-cdef inline float _dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks,
-                            Py_ssize_t ahead) noexcept nogil:
-    """k_dot_q8_0; with ahead > 0, a prefetch hint for the byte that far past
-    each block (the GEMV streaming its rows from DRAM: one hint per block,
-    spread through the row; a burst of a whole row's hints at its start
-    stalled on the 1-2 KB rows of o_proj and down_proj)."""
+cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
     cdef __m256 a0 = _mm256_setzero_ps()
     cdef __m256 a1 = _mm256_setzero_ps()
     cdef __m256 a2 = _mm256_setzero_ps()
@@ -194,8 +187,6 @@ cdef inline float _dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_
     cdef Py_ssize_t k
     cdef float lanes[8]
     for k in range(n_blocks):
-        if ahead:
-            __builtin_prefetch(blocks + ahead)
         d = _block_scale(blocks)
         q = <const int8_t*> (blocks + 2)
         a0 = _mm256_fmadd_ps(_mm256_mul_ps(_widen8(q), d), _mm256_loadu_ps(x), a0)
@@ -208,17 +199,9 @@ cdef inline float _dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_
     return _sum8(lanes)
 
 
-cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
-    return _dot_q8_0(blocks, x, n_blocks, 0)
-
-
 cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
                       Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil:
-    """One row at a time (the same dot product as k_dot_q8_0), prefetching
-    GEMV_AHEAD_BYTES ahead as it goes."""
-    cdef Py_ssize_t r, row_bytes = n_blocks * Q8_0_BYTES
-    for r in range(rows):
-        out[r] = _dot_q8_0(blocks + r * row_bytes, x, n_blocks, GEMV_AHEAD_BYTES)
+    _gemv_q8_0_rows(out, blocks, x, rows, n_blocks)
 
 
 cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
