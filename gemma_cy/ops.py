@@ -10,7 +10,7 @@ CPU supports and this build has. The kernels know nothing of the model graph.
 
 Python API (all arrays C-contiguous; read-only inputs are fine):
     dot_i8(q, x, scale) -> float
-    dot_f32(a, b) -> float
+    dot_f32(a, b) -> float                    one attention score (the bits of scores(a[None], b[None]))
     axpy(a, x, y, out=None) -> out (y + a*x)
     scores(q, keys) -> out (m, n_keys)        q (m, n), keys (n_keys, n): attention scores
     weighted_rows(w, x, y, out=None) -> out   y (m, n) + w (m, n_x) . x (n_x, n), as repeated axpy

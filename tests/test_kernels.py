@@ -335,14 +335,17 @@ def test_q8_0_empty(isa):
 
 @ISA
 def test_dot_f32_every_length(isa):
-    """Lengths 0..100 cover 2N around the 16-lane step and every tail; starts
-    cycle through the positions within a vector."""
+    """Lengths 0..100 cover the 8-lane step and every tail; starts cycle
+    through the positions within a vector. Each is one attention score, bit
+    for bit."""
     m = kernels(isa)
     rng = np.random.default_rng(2)
     for n in range(101):
         a = f32_at(rng.uniform(-X_MAX, X_MAX, n).astype(np.float32), n % 16)
         b = f32_at(rng.uniform(-1, 1, n).astype(np.float32), (3 * n) % 16)
-        assert_close(m.dot_f32(a, b), a.astype(np.float64) @ b.astype(np.float64))
+        got = m.dot_f32(a, b)
+        assert_close(got, a.astype(np.float64) @ b.astype(np.float64))
+        assert np.float32(got).view(np.uint32) == m.scores(a[None], b[None])[0, 0].view(np.uint32)
 
 
 @ISA

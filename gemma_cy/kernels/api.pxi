@@ -119,7 +119,7 @@ cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float*
 # out (w.cols,) = row ``row`` of w dequantized (an embedding lookup).
 cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil
 
-# sum_i a[i] * b[i] in f32 with 16 lane sums, a, b (n,).
+# sum_i a[i] * b[i] in f32, a, b (n,): one score of k_scores, in its order.
 cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 
 # Attention scores: out[r * out_stride + i] = q_r . key_i for the m query

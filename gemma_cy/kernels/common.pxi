@@ -185,24 +185,7 @@ cdef float k_f16_to_f32(uint16_t h) noexcept nogil:
 
 
 cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
-    # 16 lane sums: two independent 8-wide chains once the compiler vectorizes
-    cdef float acc[16]
-    cdef float lanes[8]
-    cdef Py_ssize_t i = 0, j
-    cdef float s
-    for j in range(16):
-        acc[j] = 0
-    while i + 16 <= n:
-        for j in range(16):
-            acc[j] += a[i + j] * b[i + j]
-        i += 16
-    for j in range(8):
-        lanes[j] = acc[j] + acc[j + 8]
-    s = _sum8(lanes)
-    while i < n:
-        s += a[i] * b[i]
-        i += 1
-    return s
+    return _score(a, b, n)  # one attention score: the same bits as k_scores gives
 
 
 cdef inline float _score_portable(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
@@ -584,7 +567,8 @@ def dot_i8(q, x, scale) -> float:
 
 
 def dot_f32(a, b) -> float:
-    """sum_i a[i] * b[i] in f32 (the q.k of attention): a, b (n,) f32."""
+    """sum_i a[i] * b[i] in f32: a, b (n,) f32; the bits of one attention
+    score (scores(a[None], b[None])[0, 0])."""
     _array(a, "a", np.float32, (1,))
     _array(b, "b", np.float32, (1,))
     _same_length("dot_f32", a, b)

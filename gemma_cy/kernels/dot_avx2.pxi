@@ -300,9 +300,9 @@ cdef void _group_3x4(__m256* part, const float* w, Py_ssize_t w_stride,
                      const float* x, Py_ssize_t x_stride, Py_ssize_t n) noexcept nogil:
     """part[4 i + t] = the 8 lanes of sum_j w_i[j] x_t[j] over j < n (n a
     multiple of 8; lane l sums j = l mod 8 in order) for rows i < 3 and
-    positions t < 4: 12 accumulator chains in registers, two steps per
-    iteration (unrolled: ~5-10% on Zen 3). One group of _kernel_3x4, in a
-    function of its own: inside the group loop gcc ran out of registers and
+    positions t < 4: 12 accumulator chains in registers, one step per
+    iteration. One group of _kernel_3x4, in a function of its own: inside
+    the group loop (or unrolled by two) gcc ran out of registers and
     reloaded the weights for every position."""
     cdef __m256 acc[12]
     cdef Py_ssize_t i, j = 0
