@@ -141,7 +141,10 @@ def test_f32_gemm_rows_equal_single_position_products(isa, kind, T, rows, cols):
 
 @ISA
 @KINDS
-@pytest.mark.parametrize("rows,cols,T", [(1, 32, 1), (3, 64, 1), (5, 256, 3), (37, 640, 17), (64, 2048, 2)])
+@pytest.mark.parametrize("rows,cols,T", [(1, 32, 1), (3, 64, 1), (5, 256, 3), (37, 640, 17), (64, 2048, 2),
+                                           # one position (the decode GEMV, a row at a time): blocks in
+                                           # fours and a rest of 1, 2 or 3
+                                           (6, 160, 1), (7, 192, 1), (9, 224, 1)])
 def test_q8_gemm_matches_the_reference_q8_matrix(isa, kind, rows, cols, T):
     w = random_matrix(kind, rows, cols, rows + cols)
     x = np.random.default_rng(T).standard_normal((T, cols)).astype(np.float32)
@@ -149,7 +152,8 @@ def test_q8_gemm_matches_the_reference_q8_matrix(isa, kind, rows, cols, T):
     ref = Q8Matrix(w)
     for t in range(T):
         np.testing.assert_array_equal(got[t], ref @ x[t])  # one order everywhere: bit for bit
-        np.testing.assert_array_equal(got[t], kernels(isa).gemm(w, x[t:t + 1], "q8")[0])
+        for resident in (False, True):  # row after row / four rows at a time
+            np.testing.assert_array_equal(got[t], kernels(isa).gemm(w, x[t:t + 1], "q8", resident)[0])
     # and what the int8 inputs stand for, computed independently in float64
     xq, xd = quantize_f64(x[0])
     x_deq = (xq.reshape(-1, 32).astype(np.float64) * xd[:, None].astype(np.float64)).reshape(-1)
@@ -158,7 +162,7 @@ def test_q8_gemm_matches_the_reference_q8_matrix(isa, kind, rows, cols, T):
 
 @ISA
 @SETTINGS
-@given(data=st.data(), rows=st.integers(1, 9), n_blocks=st.integers(1, 6), kind=st.sampled_from(["int8", "q8_0"]))
+@given(data=st.data(), rows=st.integers(1, 9), n_blocks=st.integers(1, 10), kind=st.sampled_from(["int8", "q8_0"]))
 def test_q8_gemm_drawn_values(isa, data, rows, n_blocks, kind):
     cols = 32 * n_blocks
     w = data.draw(hnp.arrays(np.float32, (rows, cols), elements=st.floats(-1, 1, width=32)))
@@ -168,6 +172,7 @@ def test_q8_gemm_drawn_values(isa, data, rows, n_blocks, kind):
     ref = Q8Matrix(t)
     for i in range(2):
         np.testing.assert_array_equal(got[i], ref @ x[i])
+        np.testing.assert_array_equal(kernels(isa).gemm(t, x[i:i + 1], "q8")[0], ref @ x[i])  # the GEMV
 
 
 def test_q8_needs_widths_that_are_multiples_of_32(tiny):

@@ -136,10 +136,19 @@ cdef void _gemm_by_rows(float* out, const QMatrix* w, const float* x, Py_ssize_t
 
 cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
                     Py_ssize_t n_tokens) noexcept nogil:
-    # as k_gemm: tiles of tokens, each group of four rows read once per tile
+    # as k_gemm: tiles of tokens, each group of four rows read once per tile;
+    # one token from DRAM (decode): row after row, as the f32 GEMV
     cdef Py_ssize_t t0 = 0, t, tn, r, i, n, rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if w.layout == QLAYOUT_Q8_0 else cols
     cdef const uint8_t* base = w.blocks if w.layout == QLAYOUT_Q8_0 else <const uint8_t*> w.q
+    if n_tokens == 1 and not w.resident:
+        for r in range(rows):
+            _prefetch_row(base + r * row_bytes, row_bytes)
+            if w.layout == QLAYOUT_I8_TENSOR:
+                out[r] = k_dot_i8_q8(w.q + r * cols, xq, xd, nb, w.scale)
+            else:
+                out[r] = k_dot_q8_0_q8(w.blocks + r * row_bytes, xq, xd, nb)
+        return
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_TOKEN_TILE, n_tokens - t0)
         for r in range(0, rows, 4):
