@@ -38,6 +38,8 @@ from libc.string cimport memcpy, memset
 
 from gemma_cy.errors import ModelFormatError
 from gemma_cy.observe import op_shape
+from gemma_cy.arena import pack_matrices
+from gemma_cy.weights import LAYER_MATRICES
 from gemma_cy.quant import Int8Tensor, Q8_0Tensor
 
 
@@ -275,10 +277,17 @@ cdef class FastModel:
         self.rope_bases[1] = c.rope_base if c.rope_base_local is None else c.rope_base_local
 
         cdef bint resident = sum(_matrix_bytes(t) for t in weights.tensors.values()) <= RESIDENT_MODEL_BYTES
-        self.embed_tokens = _qmatrix(weights["embed_tokens"], keep, resident)
+        # the matrices a decode step streams, in its order, copied out of the
+        # file's map into one arena of 2 MiB pages (gemma_cy/arena.py)
+        head = "embed_tokens" if c.tied_embeddings else "lm_head"
+        packed, arena = pack_matrices(weights.tensors, [f"layers.{layer}.{name}" for layer in range(c.n_layers)
+                                                        for name in LAYER_MATRICES] + [head])
+        keep.append(arena)
+        matrix = lambda name: packed[name] if name in packed else weights[name]
+        self.embed_tokens = _qmatrix(matrix("embed_tokens"), keep, resident)
         if c.position_table:
             self.embed_positions = _qmatrix(weights["embed_positions"], keep, resident)
-        self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(weights["lm_head"], keep, resident)
+        self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(matrix("lm_head"), keep, resident)
         self.final_gain = _gain(weights["final_norm"], keep)
         self.layers = <LayerWeights*> PyMem_Malloc(c.n_layers * sizeof(LayerWeights))
         if self.layers == NULL:
@@ -287,13 +296,13 @@ cdef class FastModel:
         for layer in range(c.n_layers):
             w = &self.layers[layer]
             p = f"layers.{layer}."
-            w.q_proj = _qmatrix(weights[p + "q_proj"], keep, resident)
-            w.k_proj = _qmatrix(weights[p + "k_proj"], keep, resident)
-            w.v_proj = _qmatrix(weights[p + "v_proj"], keep, resident)
-            w.o_proj = _qmatrix(weights[p + "o_proj"], keep, resident)
-            w.gate_proj = _qmatrix(weights[p + "gate_proj"], keep, resident)
-            w.up_proj = _qmatrix(weights[p + "up_proj"], keep, resident)
-            w.down_proj = _qmatrix(weights[p + "down_proj"], keep, resident)
+            w.q_proj = _qmatrix(matrix(p + "q_proj"), keep, resident)
+            w.k_proj = _qmatrix(matrix(p + "k_proj"), keep, resident)
+            w.v_proj = _qmatrix(matrix(p + "v_proj"), keep, resident)
+            w.o_proj = _qmatrix(matrix(p + "o_proj"), keep, resident)
+            w.gate_proj = _qmatrix(matrix(p + "gate_proj"), keep, resident)
+            w.up_proj = _qmatrix(matrix(p + "up_proj"), keep, resident)
+            w.down_proj = _qmatrix(matrix(p + "down_proj"), keep, resident)
             w.attn_norm = _gain(weights[p + "attn_norm"], keep)
             w.ffn_norm = _gain(weights[p + "ffn_norm"], keep)
             w.q_norm = _gain(weights[p + "q_norm"] if c.qk_norm else None, keep)
