@@ -8,7 +8,8 @@ kernel here never maps a regular file's page cache with 2 MiB pages
 (FilePmdMapped stays 0, MADV_COLLAPSE is refused). Anonymous memory advised
 MADV_HUGEPAGE gets them (AnonHugePages), and Gemma 3 decoded 3-7% faster
 from it in interleaved runs on this host (30.8 against 28.7 tok/s, mean of 8
-each, /tmp/w/dec2.py). The copy costs 0.1-0.5 s at load.
+fresh processes each, 64 greedy steps after an 8-token prompt). The copy
+costs 0.1-0.5 s at load.
 
 Memory: each source range's pages are released from this process
 (MADV_DONTNEED on the shared read-only map: the file's page cache keeps them,
