@@ -15,7 +15,7 @@ Memory: each source range's pages are released from this process
 (MADV_DONTNEED on the shared read-only map: the file's page cache keeps them,
 and a later read, by the reference engine say, maps them again), a chunk at a
 time, so peak RSS stays about what the map alone would reach. Only matrices
-that come from a file map are copied; ones already in memory (built or
+that come from a read-only file map are copied; ones already in memory (built or
 quantized at load) stay where they are, and so does everything when the
 arena cannot be allocated.
 """
@@ -42,12 +42,17 @@ def _values(tensor) -> np.ndarray | None:
     return None
 
 
-def _file_map(array: np.ndarray) -> mmap.mmap | None:
-    """The mmap.mmap under ``array`` (through its chain of bases), or None."""
+def _read_only_map(array: np.ndarray) -> mmap.mmap | None:
+    """The read-only mmap.mmap under ``array`` (through its chain of bases),
+    or None. Read-only: its pages can be dropped (MADV_DONTNEED) and read
+    back unchanged; a writable map (an arena, anonymous memory) would come
+    back as zeros, so it is never a source."""
     base = array.base
     while isinstance(base, (np.ndarray, memoryview)):
         base = base.base if isinstance(base, np.ndarray) else base.obj
-    return base if isinstance(base, mmap.mmap) else None
+    if isinstance(base, mmap.mmap) and memoryview(base).readonly:
+        return base
+    return None
 
 
 def _release(source: mmap.mmap, start: int, stop: int) -> None:
@@ -71,13 +76,13 @@ def _copy_releasing(dst: np.ndarray, src: np.ndarray, source: mmap.mmap) -> None
 
 
 def pack_matrices(tensors: dict[str, object], order: list[str]) -> tuple[dict[str, object], object]:
-    """Copy the file-mapped matrices among ``tensors[name] for name in order``
+    """Copy the matrices mapped read-only from a file among ``tensors[name] for name in order``
     into one arena, in that order. Returns (name -> tensor: the copies, and
     every other named tensor as it was; the arena, to keep alive while the
     copies are used, or None when nothing was copied). Duplicate names are
     packed once (a tied embedding)."""
     names = [n for n in dict.fromkeys(order)
-             if (v := _values(tensors[n])) is not None and v.flags.c_contiguous and _file_map(v) is not None]
+             if (v := _values(tensors[n])) is not None and v.flags.c_contiguous and _read_only_map(v) is not None]
     packed = {n: tensors[n] for n in order}
     if not names:
         return packed, None
@@ -95,7 +100,7 @@ def pack_matrices(tensors: dict[str, object], order: list[str]) -> tuple[dict[st
     for n, start in zip(names, starts):
         src = _values(tensors[n])
         dst = memory[start:start + src.nbytes].view(src.dtype).reshape(src.shape)
-        _copy_releasing(dst, src, _file_map(src))
+        _copy_releasing(dst, src, _read_only_map(src))
         dst.flags.writeable = False
         packed[n] = replace(tensors[n], q=dst) if isinstance(tensors[n], Int8Tensor) else Q8_0Tensor(dst)
     return packed, arena

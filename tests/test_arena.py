@@ -42,3 +42,17 @@ def test_tensors_already_in_memory_stay_where_they_are():
     packed, arena = pack_matrices({"m": in_memory}, ["m"])
     assert arena is None and packed["m"] is in_memory
     np.testing.assert_array_equal(in_memory.blocks, keep)
+
+
+def test_packed_matrices_are_not_packed_again(tiny_model_path):
+    """The arena is writable memory: dropping its pages would zero them, so
+    a second packing must leave it alone (and copy nothing)."""
+    weights = open_weights(str(tiny_model_path))
+    order = [f"layers.0.{n}" for n in LAYER_MATRICES]
+    packed, arena = pack_matrices(weights.tensors, order)
+    want = {n: np.array(_values(packed[n])) for n in order}
+    again, second = pack_matrices(packed, order)
+    assert second is None
+    for n in order:
+        assert again[n] is packed[n]
+        np.testing.assert_array_equal(_values(packed[n]), want[n])
