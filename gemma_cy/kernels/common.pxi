@@ -144,10 +144,7 @@ cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float*
     if n_tokens == 1 and not w.resident:
         for r in range(rows):
             _prefetch_row(base + r * row_bytes, row_bytes)
-            if w.layout == QLAYOUT_I8_TENSOR:
-                out[r] = k_dot_i8_q8(w.q + r * cols, xq, xd, nb, w.scale)
-            else:
-                out[r] = k_dot_q8_0_q8(w.blocks + r * row_bytes, xq, xd, nb)
+            _dot_rows_q8(out + r, w, r, 1, xq, xd)
         return
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_TOKEN_TILE, n_tokens - t0)

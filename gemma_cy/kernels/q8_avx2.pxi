@@ -241,17 +241,25 @@ cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* x
 
 cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t n_rows,
                        const int8_t* xq, const float* xd) noexcept nogil:
-    """out[i] = k_dot_*_q8 of row row + i of w, i < n_rows <= 4, bit for bit
-    (four rows per call; a missing row repeats the last one, its sum unused)."""
+    """out[i] = k_dot_*_q8 of row row + i of w, i < n_rows <= 4, bit for bit:
+    four rows in one pass (each activation block loaded once for the four),
+    fewer than four one at a time (the decode GEMV calls it row by row)."""
     cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, i
-    cdef Py_ssize_t r1 = row + min(1, n_rows - 1), r2 = row + min(2, n_rows - 1), r3 = row + min(3, n_rows - 1)
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
     cdef float sums[4]
+    if n_rows < 4:
+        for i in range(n_rows):
+            if w.layout == QLAYOUT_I8_TENSOR:
+                out[i] = k_dot_i8_q8(w.q + (row + i) * w.cols, xq, xd, nb, w.scale)
+            else:
+                out[i] = k_dot_q8_0_q8(w.blocks + (row + i) * row_bytes, xq, xd, nb)
+        return
     if w.layout == QLAYOUT_I8_TENSOR:
-        q8_storeu_ps128(sums, _dot4_i8_q8(w.q + row * w.cols, w.q + r1 * w.cols, w.q + r2 * w.cols,
-                                          w.q + r3 * w.cols, xq, xd, nb, w.scale))
+        q8_storeu_ps128(sums, _dot4_i8_q8(w.q + row * w.cols, w.q + (row + 1) * w.cols, w.q + (row + 2) * w.cols,
+                                          w.q + (row + 3) * w.cols, xq, xd, nb, w.scale))
     else:
-        q8_storeu_ps128(sums, _dot4_q8_0_q8(w.blocks + row * row_bytes, w.blocks + r1 * row_bytes,
-                                            w.blocks + r2 * row_bytes, w.blocks + r3 * row_bytes, xq, xd, nb))
-    for i in range(n_rows):
+        q8_storeu_ps128(sums, _dot4_q8_0_q8(w.blocks + row * row_bytes, w.blocks + (row + 1) * row_bytes,
+                                            w.blocks + (row + 2) * row_bytes, w.blocks + (row + 3) * row_bytes,
+                                            xq, xd, nb))
+    for i in range(4):
         out[i] = sums[i]
