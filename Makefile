@@ -8,7 +8,7 @@ BUILD_STAMP := .venv/.build-stamp
 MODELS := models
 TINY := $(MODELS)/tiny.gmw
 PROMPT ?= The three most important inventions of the nineteenth century were
-SOURCES := $(wildcard gemma_cy/*.pyx gemma_cy/*.pxd gemma_cy/*.h gemma_cy/kernels/*.pxi) setup.py pyproject.toml
+SOURCES := $(wildcard gemma_cy/fast/*.pyx gemma_cy/fast/*.pxd gemma_cy/fast/*.pxi gemma_cy/fast/kernels/*.pxi) setup.py pyproject.toml
 
 .PHONY: build test test-debug run run-tiny bench bench-peers oracle clean
 
@@ -33,11 +33,11 @@ $(TINY): $(BUILD_STAMP) scripts/make_test_weights.py
 
 # The default model: Gemma 3 270M (base, pretrained), converted once into ~/.cache/gemma-cy.
 run: $(BUILD_STAMP)
-	$(PYTHON) -m gemma_cy.cli --prompt "$(PROMPT)" --n_dec 64 --temp 0.7 --minp 0.05 --seed 1
+	$(PYTHON) -m gemma_cy --prompt "$(PROMPT)" --n_dec 64 --temp 0.7 --minp 0.05 --seed 1
 
 # The tiny seed fixture (random weights: its text is gibberish by design).
 run-tiny: $(TINY)
-	$(PYTHON) -m gemma_cy.cli --weights $(TINY) --prompt "$(PROMPT)" --n_dec 48 --temp 0.8 --minp 0.05 --seed 7
+	$(PYTHON) -m gemma_cy --weights $(TINY) --prompt "$(PROMPT)" --n_dec 48 --temp 0.8 --minp 0.05 --seed 7
 
 # Reproduce the golden files from HF transformers (torch CPU build) in a separate venv.
 .venv-oracle/.deps-stamp: scripts/oracle_setup.sh
@@ -65,7 +65,7 @@ test-debug: $(BUILD_STAMP)
 	tar -c --exclude="*.so" --exclude="*.c" --exclude=__pycache__ gemma_cy reference setup.py pyproject.toml README.md \
 		| tar -x -C $(DEBUG_SRC)
 	cd $(DEBUG_SRC) && GEMMA_CY_DEBUG=1 $(PYTHON_ABS) setup.py --quiet build_ext --inplace
-	cd $(DEBUG_SRC) && $(PYTHON_ABS) -c "from gemma_cy import ops; print('debug build:', ops._impl.__file__)"
+	cd $(DEBUG_SRC) && $(PYTHON_ABS) -c "from gemma_cy.fast import ops; print('debug build:', ops._impl.__file__)"
 	cd $(DEBUG_SRC) && $(PYTHON_ABS) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/test_forward.py $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_q8.py
 
 # Presets fast vs reference, and Gemma 3 270M's figure set; side by side with
@@ -83,6 +83,6 @@ bench-peers: .venv-peers/.deps-stamp $(BUILD_STAMP)
 	$(PYTHON) scripts/bench.py --models gemma3
 
 clean:
-	rm -rf build $(MODELS) .pytest_cache .hypothesis gemma_cy/*.c gemma_cy/*.so gemma_cy/*.html *.egg-info
+	rm -rf build $(MODELS) .pytest_cache .hypothesis gemma_cy/fast/*.c gemma_cy/fast/*.so gemma_cy/fast/*.html *.egg-info
 	find . -name __pycache__ -prune -exec rm -rf {} +
 	rm -f $(BUILD_STAMP)

@@ -45,22 +45,23 @@ def extension(name: str, sources: list[str], extra_args: tuple[str, ...] = (),
     )
 
 
-# The kernels are built once per instruction set (gemma_cy/simd_<isa>.pyx, sources
-# in gemma_cy/kernels/), each with its own -m flags and never -march=native;
-# gemma_cy.ops picks one at import. "generic" has no -m flags, so it runs anywhere.
+# The kernels are built once per instruction set (gemma_cy/fast/simd_<isa>.pyx, sources
+# in gemma_cy/fast/kernels/ and the forward pass in gemma_cy/fast/forward.pxi), each
+# with its own -m flags and never -march=native; gemma_cy.fast.ops picks one at
+# import. "generic" has no -m flags, so it runs anywhere.
 MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
 SIMD_FLAGS: dict[str, tuple[str, ...]] = {"generic": ()}
 if MACHINE == "x86_64":
     # F16C converts the Q8_0 block scales; every AVX2 and AVX-512 CPU has it
-    # (gemma_cy.cpu_features checks it with the rest).
+    # (gemma_cy.fast.cpu_features checks it with the rest).
     SIMD_FLAGS["avx2"] = ("-mavx2", "-mfma", "-mf16c")
     SIMD_FLAGS["avx512"] = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl")
 elif MACHINE == "aarch64":
     SIMD_FLAGS["neon"] = ()
 
 EXTENSIONS = [
-    extension("gemma_cy.cpu_features", ["gemma_cy/cpu_features.pyx"]),
-    *(extension(f"gemma_cy.simd_{isa}", [f"gemma_cy/simd_{isa}.pyx"], isa_args=flags)
+    extension("gemma_cy.fast.cpu_features", ["gemma_cy/fast/cpu_features.pyx"]),
+    *(extension(f"gemma_cy.fast.simd_{isa}", [f"gemma_cy/fast/simd_{isa}.pyx"], isa_args=flags)
       for isa, flags in SIMD_FLAGS.items()),
 ]
 
@@ -68,9 +69,10 @@ setup(
     # The NumPy reference lives in the repo folder reference/ but installs as
     # gemma_cy_reference: a bare top-level "reference" would squat a generic
     # name in site-packages.
-    packages=["gemma_cy", "gemma_cy.formats", "gemma_cy_reference"],
+    packages=["gemma_cy", "gemma_cy.commands", "gemma_cy.fast", "gemma_cy.formats", "gemma_cy.generation",
+              "gemma_cy.model", "gemma_cy.quant", "gemma_cy.tokenizers", "gemma_cy_reference"],
     package_dir={"gemma_cy_reference": "reference"},
-    package_data={"gemma_cy": ["*.pxd", "*.pyx", "kernels/*.pxi"]},
+    package_data={"gemma_cy.fast": ["*.pxd", "*.pyx", "*.pxi", "kernels/*.pxi"]},
     ext_modules=cythonize(EXTENSIONS, compiler_directives=DIRECTIVES,
                           annotate=os.environ.get("GEMMA_CY_ANNOTATE", "") not in ("", "0")),
     zip_safe=False,

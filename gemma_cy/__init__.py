@@ -6,11 +6,11 @@ with ``generate``, ``tokenize``, ``detokenize`` and ``logits``.
 The names below are imported on first use (PEP 562), so importing one
 low-level module (``gemma_cy.formats.gmw``) does not load the whole stack.
 """
-from .config import ModelConfig
+from .model.config import ModelConfig
 from .errors import (ContextLengthError, GemmaCyError, ModelFormatError, NumericalError,
                      ParameterError, TokenIndexError)
 
-_LAZY = {"load": "api", "Model": "api", "Generation": "generation", "Step": "generation"}
+_LAZY = {"load": "api", "Model": "api", "Generation": "generation.generator", "Step": "generation.generator"}
 
 __all__ = ["load", "Model", "ModelConfig", "Generation", "Step", "GemmaCyError",
            "ModelFormatError", "ParameterError", "ContextLengthError", "TokenIndexError",

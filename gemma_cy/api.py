@@ -11,17 +11,17 @@ from typing import Sequence
 
 import numpy as np
 
-from .chat import chat_format_for
-from .engines import DEFAULT_ENGINE, make_engine
+from .tokenizers.chat import chat_format_for
+from .generation.engines import DEFAULT_ENGINE, make_engine
 from .errors import ModelFormatError, ParameterError, TokenIndexError
-from .formats.gguf import read_gguf
+from .formats.gguf_model import read_gguf
 from .formats.gmw import read_gmw
 from .formats.llama2c import is_llama2c_checkpoint, read_llama2c
-from .llama2c_tokenizer import Llama2cTokenizer
-from .generation import Generation, Observer
-from .sampling import Sampler
-from .tokenizer import GreedyTokenizer
-from .weights import Weights
+from .tokenizers.llama2c import Llama2cTokenizer
+from .generation.generator import Generation, Observer
+from .generation.sampling import Sampler
+from .tokenizers.greedy import GreedyTokenizer
+from .model.weights import Weights
 
 
 def read_magic(path: str) -> bytes:
@@ -58,12 +58,12 @@ def open_tokenizer(path: str):
     if magic == b"GMT1":
         return GreedyTokenizer.from_file(path)
     if magic == b"GGUF":
-        from .formats.gguf import parse_gguf
+        from .formats.gguf_reader import parse_gguf
         gf = parse_gguf(path)
         if gf.value("tokenizer.ggml.model") == "gpt2":
-            from .bpe_tokenizer import BPETokenizer
+            from .tokenizers.bpe import BPETokenizer
             return BPETokenizer.from_gguf(gf)
-        from .sp_tokenizer import SentencePieceTokenizer
+        from .tokenizers.sp import SentencePieceTokenizer
         return SentencePieceTokenizer.from_gguf(gf)
     if path.endswith(".bin"):  # llama2.c's tokenizer.bin has no magic
         return Llama2cTokenizer.from_file(path)
@@ -86,7 +86,7 @@ def load(weights: str, tokenizer: str | None = None, engine: str = DEFAULT_ENGIN
     (default: the GGUF itself, or weights + ".tok" for GMW1), ``engine``
     "fast" | "reference", and the KV cache length (context =
     min(max_cache_len, the model's max_seq_len)). ``activations="q8"`` is
-    the opt-in int8-activation mode (gemma_cy.engines.make_engine)."""
+    the opt-in int8-activation mode (gemma_cy.generation.engines.make_engine)."""
     weights = os.fspath(weights)
     loaded = open_weights(weights)
     tok = open_tokenizer(os.fspath(tokenizer) if tokenizer is not None else default_tokenizer_path(weights))
@@ -134,7 +134,7 @@ class Model:
         return self.tokenizer.decode(list(ids))
 
     def chat_ids(self, prompt: str, first_turn: bool = True) -> list[int]:
-        """One user turn in the model's chat template (``gemma_cy.chat``), ready
+        """One user turn in the model's chat template (``gemma_cy.tokenizers.chat``), ready
         for the model's reply: ``<bos>`` (if the model adds one) and the
         template's opening (e.g. a default system message) first. The
         template's markers are control tokens; the user's text is plain text.
@@ -179,7 +179,7 @@ class Model:
                  observer: Observer | None = None, keep_cache: bool = False) -> Generation:
         """Start generating; iterate the result for ``Step(token_id, text)``.
 
-        Sampling follows SPEC A6: greedy unless ``min_p``, ``top_k`` or
+        Sampling follows docs/generation.md#sampler: greedy unless ``min_p``, ``top_k`` or
         ``top_p`` is given (or temperature 0). ``keep_cache`` continues from the
         KV cache's current position (multi-turn chat) instead of resetting it.
         """

@@ -3,7 +3,7 @@
     logits = prefill(prompt); repeat: id = pick(logits); logits = decode(id)
 
 Used by tests and by diffing engines token for token; the full-featured loop
-(tokenizer, sampler, streaming, stop reasons) is gemma_cy.generation.
+(tokenizer, sampler, streaming, stop reasons) is gemma_cy.generation.generator.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 
 
 def argmax(logits: np.ndarray) -> int:
-    """Greedy pick: the highest logit, the lowest id among equals (SPEC A6)."""
+    """Greedy pick: the highest logit, the lowest id among equals (docs/generation.md#sampler)."""
     return int(np.argmax(logits))  # np.argmax returns the first maximum
 
 

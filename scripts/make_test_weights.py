@@ -4,7 +4,7 @@
 
 writes PATH and PATH + ".tok", then prints the weights file's SHA-256
 (tiny: 83f240224e71ca95a87356a016b2ccb41a26efa10af4c150935cd1d5f0c8df57,
-the seed engine's fixture, SPEC A3).
+the seed engine's fixture, docs/formats.md#the-tiny-test-fixture).
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import os
 import sys
 
 from gemma_cy.errors import GemmaCyError
-from gemma_cy.fixture_vocab import fixture_vocab
+from gemma_cy.tokenizers.fixture_vocab import fixture_vocab
 from gemma_cy.formats.gmt import write_gmt
 from gemma_cy.formats.gmw import write_gmw
-from gemma_cy.presets import PRESETS, random_weights
+from gemma_cy.commands.presets import PRESETS, random_weights
 
 
 def sha256_of(path: str) -> str:

@@ -11,7 +11,7 @@ here by a seeded generator, and writes one JSON object per line:
     {"text": ..., "ids": [...], "ids_special": [...]}   when parsing them differs
 
 ``ids`` are HF's ids with ``add_special_tokens=False`` (no BOS) and
-``split_special_tokens=True`` (a typed ``<eos>`` is text, BAD_INPUTS row 20);
+``split_special_tokens=True`` (a typed ``<eos>`` is text, docs/errors.md#case-20);
 ``ids_special`` are its default, special markers parsed (gemma-cy's
 ``parse_special=True``). ``hf_decoded`` is HF's decode of ``ids``, given
 only where it is not the text itself (a literal U+2581 comes back a space).

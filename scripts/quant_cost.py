@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gemma_cy.default_model import default_model_path
-from gemma_cy.engines import make_engine
-from gemma_cy.formats.gguf import read_gguf, read_gguf_f32
+from gemma_cy.commands.default_model import default_model_path
+from gemma_cy.generation.engines import make_engine
+from gemma_cy.formats.gguf_model import read_gguf, read_gguf_f32
 
 GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "goldens" / "gemma3_270m" / "teacher_forced.json"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gemma_cy import ops
-from gemma_cy.cpu_features import supported
+from gemma_cy.fast import ops
+from gemma_cy.fast.cpu_features import supported
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_SHA256 = "83f240224e71ca95a87356a016b2ccb41a26efa10af4c150935cd1d5f0c8df57"
@@ -27,9 +27,9 @@ def tiny_model_path(tmp_path_factory) -> Path:
 
 
 def cli(*args: str, timeout: float = 120, env_extra: dict | None = None, input: str | None = None):
-    """Run `python -m gemma_cy.cli ARGS` and return the CompletedProcess."""
+    """Run `python -m gemma_cy.commands.cli ARGS` and return the CompletedProcess."""
     env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "gemma_cy.cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gemma_cy.commands.cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, env=env, input=input)
 
 
@@ -63,11 +63,11 @@ def kernels(isa: str):
 def greedy_engines_agree(ref, fast, ids, n: int, label: str) -> None:
     """Reset both engines, prefill ``ids`` and greedy-decode ``n`` tokens on
     each: the ids must be equal and every step's logits (the last one's too)
-    within SPEC Part C's default tolerance. A divergence reports the step,
+    within docs/numerics.md#tolerances's default tolerance. A divergence reports the step,
     both ids and the reference's top-1/top-2 margin."""
     import numpy as np
 
-    from gemma_cy.tolerance import DEFAULT
+    from gemma_cy.model.tolerance import DEFAULT
 
     atol, rtol = DEFAULT
     ref.reset()

@@ -1,11 +1,11 @@
-"""gemma_cy/arena.py: the fast engine's matrices copied out of the file map
+"""gemma_cy/fast/arena.py: the fast engine's matrices copied out of the file map
 into one arena, in the order asked, with the file's values intact."""
 import numpy as np
 
 from gemma_cy.api import open_weights
-from gemma_cy.arena import ALIGN_BYTES, pack_matrices
-from gemma_cy.quant import Int8Tensor, Q8_0Tensor, quantize_q8_0
-from gemma_cy.weights import LAYER_MATRICES
+from gemma_cy.fast.arena import ALIGN_BYTES, pack_matrices
+from gemma_cy.quant.tensors import Int8Tensor, Q8_0Tensor, quantize_q8_0
+from gemma_cy.model.weights import LAYER_MATRICES
 
 
 def _values(t):

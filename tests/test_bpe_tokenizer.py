@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemma_cy.api import open_tokenizer
-from gemma_cy.bpe_tokenizer import BPETokenizer, _gpt2_pieces, byte_alphabet
+from gemma_cy.tokenizers.bpe import BPETokenizer, _gpt2_pieces, byte_alphabet
 from gemma_cy.errors import GemmaCyError, ModelFormatError, TokenIndexError
-from gemma_cy.formats.gguf import write_gguf
+from gemma_cy.formats.gguf_writer import write_gguf
 
 GOLDEN = Path(__file__).resolve().parent / "goldens" / "smollm2_tokenizer.jsonl"
 CHARS = byte_alphabet()
@@ -225,7 +225,7 @@ def test_gguf_wrong_types_rejected(tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from gemma_cy.default_model import smollm2_source_path
+    from gemma_cy.commands.default_model import smollm2_source_path
 
     try:
         path = smollm2_source_path()

@@ -1,13 +1,13 @@
-"""Chat templates (gemma_cy.chat): chosen from the model's tokenizer, applied
+"""Chat templates (gemma_cy.tokenizers.chat): chosen from the model's tokenizer, applied
 by Model.chat_ids, with a one-line error for a model that has none."""
 import pytest
 
 from gemma_cy.api import Model
-from gemma_cy.bpe_tokenizer import BPETokenizer
-from gemma_cy.chat import CHATML, GEMMA, chat_format_for
+from gemma_cy.tokenizers.bpe import BPETokenizer
+from gemma_cy.tokenizers.chat import CHATML, GEMMA, chat_format_for
 from gemma_cy.errors import ParameterError
 from gemma_cy.formats.gmw import read_gmw
-from gemma_cy.tokenizer import GreedyTokenizer
+from gemma_cy.tokenizers.greedy import GreedyTokenizer
 from test_bpe_tokenizer import hand_vocab
 
 SMOLLM2_TEMPLATE = (

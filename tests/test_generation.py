@@ -5,10 +5,10 @@ import pytest
 
 import gemma_cy
 from gemma_cy.errors import ContextLengthError, ParameterError, TokenIndexError
-from gemma_cy.fixture_vocab import fixture_vocab
-from gemma_cy.generation import Generation
-from gemma_cy.sampling import Sampler
-from gemma_cy.tokenizer import GreedyTokenizer
+from gemma_cy.tokenizers.fixture_vocab import fixture_vocab
+from gemma_cy.generation.generator import Generation
+from gemma_cy.generation.sampling import Sampler
+from gemma_cy.tokenizers.greedy import GreedyTokenizer
 
 VOCAB = 1024
 

@@ -1,5 +1,5 @@
 """GGUF reader, writer, Gemma 3 mapping, Q8_0 and ggml codecs, converter,
-default model; BAD_INPUTS rows 1-15 for GGUF.
+default model; docs/errors.md cases 1-15 for GGUF.
 
 Malicious files are built byte by byte with struct.pack in tmp_path (the
 ``Builder`` below, independent of the writer under test). A tiny valid
@@ -24,17 +24,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemma_cy import ggml_quants as gq
+from gemma_cy.quant import ggml as gq
 from gemma_cy.api import open_weights
-from gemma_cy.convert import convert
-from gemma_cy.default_model import cache_dir, default_model_path
+from gemma_cy.commands.convert import convert
+from gemma_cy.commands.default_model import cache_dir, default_model_path
 from gemma_cy.errors import GemmaCyError, ModelFormatError
-from gemma_cy.formats import gguf as G
-from gemma_cy.formats.gguf import (Field, TensorData, gguf_config, parse_gguf, read_gguf,
-                                   write_gguf)
-from gemma_cy.quant import (F32Tensor, Q8_0Tensor, dequantize_q8_0, quantize_q8_0,
-                            round_half_away)
-from gemma_cy.weights import expected_shapes
+from gemma_cy.formats import gguf_model, gguf_writer
+from gemma_cy.formats import gguf_reader as G
+from gemma_cy.formats.gguf_reader import Field, parse_gguf
+from gemma_cy.formats.gguf_writer import TensorData, write_gguf
+from gemma_cy.formats.gguf_model import gguf_config, read_gguf
+from gemma_cy.quant.tensors import F32Tensor, Q8_0Tensor, dequantize_q8_0, quantize_q8_0, round_half_away
+from gemma_cy.model.weights import expected_shapes
 
 T = gq.GGML_TYPE_IDS  # ggml type name -> id
 
@@ -198,7 +199,7 @@ def test_round_trip_tiny_model(tiny_path):
             c.max_seq_len) == (2, 32, 2, 1, 16, 64, 12, 64)
     assert set(w.tensors) == set(expected_shapes(c))
     for gname, a in arrays.items():
-        t = w[G.tensor_name(gname, c.n_layers)]
+        t = w[gguf_model.tensor_name(gname, c.n_layers)]
         if a.ndim == 1:
             assert isinstance(t, F32Tensor)
             np.testing.assert_array_equal(t.dequantize(), a)
@@ -272,7 +273,7 @@ def test_field_types_round_trip(tmp_path):
     gf = parse_gguf(tmp_path / "f.gguf")
     for key, value in fields.items():
         got = gf.fields[key]
-        want = G.infer_field(value)
+        want = gguf_writer.infer_field(value)
         assert got.type == want.type and got.item_type == want.item_type, key
         if isinstance(want.value, np.ndarray):
             np.testing.assert_array_equal(got.value, want.value)
@@ -286,7 +287,7 @@ def test_gguf_py_reads_our_files_and_we_read_its_files(tmp_path, tiny_path):
     assert r.fields["general.architecture"].contents() == "gemma3"
     assert [t.name for t in r.tensors] == list(tiny_arrays())
     for t in r.tensors:
-        ours = read_gguf(tiny_path)[G.tensor_name(t.name, 2)].dequantize()
+        ours = read_gguf(tiny_path)[gguf_model.tensor_name(t.name, 2)].dequantize()
         np.testing.assert_array_equal(gguf.quants.dequantize(t.data, t.tensor_type).reshape(ours.shape), ours)
     # and a file written by gguf-py's own writer
     path = str(tmp_path / "theirs.gguf")
@@ -549,7 +550,7 @@ def test_convert_mixed_source(tmp_path):
         assert np.array_equal(g.value, f.value) if isinstance(f.value, np.ndarray) else g.value == f.value
     w = read_gguf(out)
     for name, (type_name, values) in sources.items():
-        t = w[G.tensor_name(name, 1)]
+        t = w[gguf_model.tensor_name(name, 1)]
         if values.ndim == 1:
             assert report[name] == f"f32 {type_name}"
             assert t.dequantize().tobytes() == values.tobytes()
@@ -656,7 +657,7 @@ def test_real_model_greedy_completion(real_model):
     assert text == " the capital of the country of France."
 
 
-# ================================================================ BAD_INPUTS rows 1-15
+# ================================================================ docs/errors.md cases 1-15
 
 # -- row 1: truncated header
 @pytest.mark.parametrize("size", [0, 1, 4, 23])
@@ -964,7 +965,7 @@ def test_rejects_under_python_O(tmp_path, tiny_bytes):
     script = textwrap.dedent(f"""
         import sys
         from gemma_cy.errors import ModelFormatError
-        from gemma_cy.formats.gguf import read_gguf
+        from gemma_cy.formats.gguf_model import read_gguf
         if __debug__:
             sys.exit("not running under -O")
         for name in {sorted(cases)!r}:

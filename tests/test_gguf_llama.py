@@ -1,7 +1,7 @@
 """GGUF architecture "llama" (SmolLM2's): metadata -> ModelConfig, and both
 engines on a small hand-made Llama written to a GGUF file and mapped again.
 
-The switches are Llama's (formats/gguf.py ``_llama_switches``): SiLU,
+The switches are Llama's (formats/gguf_model.py ``_llama_switches``): SiLU,
 interleaved RoPE (llama.cpp's q/k row order), plain gains, no embedding
 scale, no q/k-norm, no post-norms, no window, 1/sqrt(head_dim) scores, tied
 embeddings when ``output.weight`` is absent. Real SmolLM2 against HF
@@ -13,11 +13,12 @@ import math
 
 import pytest
 
-from gemma_cy.config import ModelConfig
+from gemma_cy.model.config import ModelConfig
 from gemma_cy.errors import ModelFormatError
-from gemma_cy.formats.gguf import TensorData, gguf_tensor_name, read_gguf, write_gguf
-from gemma_cy.ggml_quants import GGML_TYPE_IDS
-from gemma_cy.quant import Q8_0Tensor
+from gemma_cy.formats.gguf_writer import TensorData, write_gguf
+from gemma_cy.formats.gguf_model import gguf_tensor_name, read_gguf
+from gemma_cy.quant.ggml import GGML_TYPE_IDS
+from gemma_cy.quant.tensors import Q8_0Tensor
 from test_forward import greedy_both
 from test_forward_gguf import q8_0_weights
 from test_kernels import ISA

@@ -1,4 +1,4 @@
-"""GMT1 v1 reader and writer (SPEC A4) against BAD_INPUTS rows 1-15 and 30.
+"""GMT1 v1 reader and writer (docs/formats.md#gmt1-tokenizer) against docs/errors.md cases 1-15 and 30.
 
 Malicious files are built with struct.pack in tmp_path, independently of the
 module's own Struct constants.
@@ -14,16 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gemma_cy.errors import ModelFormatError
-from gemma_cy.fixture_vocab import fixture_vocab
+from gemma_cy.tokenizers.fixture_vocab import fixture_vocab
 from gemma_cy.formats import gmt
-from gemma_cy.formats.gmt import (
-    PIECE_BYTE,
-    PIECE_CONTROL,
-    PIECE_NORMAL,
-    Vocab,
-    read_gmt,
-    write_gmt,
-)
+from gemma_cy.formats.gmt import PIECE_BYTE, PIECE_CONTROL, PIECE_NORMAL, Vocab, read_gmt, write_gmt
 
 U32_EDGES = (0, 1, 2**31 - 1, 2**31, 2**32 - 1)
 
@@ -108,7 +101,7 @@ def test_empty_piece_and_duplicates_are_valid(tmp_path):
     assert read_gmt(write(tmp_path, data)).pieces == [b"", b"ab", b"ab"]
 
 
-# ---------------------------------------------------------------- BAD_INPUTS rows
+# ---------------------------------------------------------------- docs/errors.md cases
 
 @pytest.mark.parametrize("size", [0, 1, 20, 47])
 def test_row1_truncated_header(tmp_path, size):

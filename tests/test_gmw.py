@@ -1,4 +1,4 @@
-"""GMW1 reader and writer: round trip, the seed fixture, and BAD_INPUTS rows 1-15.
+"""GMW1 reader and writer: round trip, the seed fixture, and docs/errors.md cases 1-15.
 
 Malicious files are built with struct.pack in tmp_path. A small valid model
 (1 layer, dim 8) is the base of the byte-level tests and the fuzz.
@@ -20,13 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemma_cy.config import ModelConfig
+from gemma_cy.model.config import ModelConfig
 from gemma_cy.errors import ModelFormatError
-from gemma_cy.formats.gmw import (HEADER_SIZE, gmw_config, gmw_file_size, gmw_layout,
-                                  read_gmw, write_gmw)
-from gemma_cy.presets import preset_config, random_weights
-from gemma_cy.quant import Int8Tensor, quantize_per_tensor
-from gemma_cy.weights import expected_shapes
+from gemma_cy.formats.gmw import HEADER_SIZE, gmw_config, gmw_file_size, gmw_layout, read_gmw, write_gmw
+from gemma_cy.commands.presets import preset_config, random_weights
+from gemma_cy.quant.tensors import Int8Tensor, quantize_per_tensor
+from gemma_cy.model.weights import expected_shapes
 
 TINY_SHA256 = "83f240224e71ca95a87356a016b2ccb41a26efa10af4c150935cd1d5f0c8df57"
 
@@ -156,7 +155,7 @@ def test_tiny_fixture_is_byte_identical_to_the_seed(tiny_file):
     assert 0.3 < np.mean(gains < 0) < 0.7  # seed's standard-normal gains
 
 
-# ------------------------------------------------------- BAD_INPUTS row 1
+# ------------------------------------------------------- docs/errors.md#case-1
 
 def test_empty_file(tmp_path):
     reject(write_bytes(tmp_path, b""), "truncated header", "0 bytes")

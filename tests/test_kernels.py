@@ -1,7 +1,7 @@
-"""The kernels of every SIMD module this CPU runs (gemma_cy.simd_<isa>, picked
-by gemma_cy.ops), each against a NumPy computation written here in float64.
+"""The kernels of every SIMD module this CPU runs (gemma_cy.fast.simd_<isa>, picked
+by gemma_cy.fast.ops), each against a NumPy computation written here in float64.
 
-Tolerances are SPEC Part C's, |actual - expected| <= atol + rtol*|expected|:
+Tolerances are those of docs/numerics.md#tolerances, |actual - expected| <= atol + rtol*|expected|:
 default 2e-3 / 1e-3; softmax and the SiLU/GELU gating 1e-4 / 1e-5;
 dequantized rows and residual adds exact.
 
@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gemma_cy import ops
+from gemma_cy.fast import ops
 
 from conftest import AVAILABLE, ISA, kernels
 
-ATOL, RTOL = 2e-3, 1e-3  # SPEC Part C, default
-ATOL_ACT, RTOL_ACT = 1e-4, 1e-5  # SPEC Part C, softmax and SiLU/GELU
+ATOL, RTOL = 2e-3, 1e-3  # docs/numerics.md#tolerances, default
+ATOL_ACT, RTOL_ACT = 1e-4, 1e-5  # docs/numerics.md#tolerances, softmax and SiLU/GELU
 U = 2.0 ** -24  # unit roundoff of f32
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -242,8 +242,8 @@ def test_dequantize_q8_0_is_exact_for_every_f16_scale(isa):
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), n_blocks=st.integers(1, 40), offset=st.integers(0, 63))
 def test_dequantize_q8_0_matches_the_codec(isa, seed, n_blocks, offset):
-    """Bit for bit gemma_cy.quant.dequantize_q8_0 (what the reference uses), at any address."""
-    from gemma_cy.quant import dequantize_q8_0
+    """Bit for bit gemma_cy.quant.tensors.dequantize_q8_0 (what the reference uses), at any address."""
+    from gemma_cy.quant.tensors import dequantize_q8_0
     blocks = read_only(bytes_at(q8_0_blocks(np.random.default_rng(seed), (n_blocks,), 1e3), offset))
     out = kernels(isa).dequantize_q8_0(blocks)
     np.testing.assert_array_equal(out.view(np.uint32), dequantize_q8_0(blocks).view(np.uint32))
@@ -637,7 +637,7 @@ def test_add_is_exact(isa, data, n, offset):
 @given(data=st.data(), n=st.integers(1, N_MAX), offset=st.integers(0, 63),
        scale=st.floats(1e-9, 10).map(np.float32))
 def test_dequantize_i8_is_exact(isa, data, n, offset, scale):
-    """Bit for bit the reference's q.astype(f32) * f32(scale) (SPEC Part C)."""
+    """Bit for bit the reference's q.astype(f32) * f32(scale) (docs/numerics.md#bit-for-bit)."""
     q = read_only(int8_at(data.draw(hnp.arrays(np.int8, n)), offset))
     out = kernels(isa).dequantize_i8(q, scale)
     np.testing.assert_array_equal(out.view(np.uint32), (q.astype(np.float32) * scale).view(np.uint32))
@@ -762,7 +762,7 @@ def test_ops_picks_the_best_available_module():
 
 def _import_ops_with(value: str) -> subprocess.CompletedProcess:
     code = ("import sys\n"
-            "try:\n    from gemma_cy import ops\n"
+            "try:\n    from gemma_cy.fast import ops\n"
             "except ValueError as error:\n    print(error)\n    sys.exit(3)\n"
             "print(ops.ISA)\n")
     env = dict(os.environ, **{ops.ENV_VAR: value})

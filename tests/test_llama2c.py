@@ -18,14 +18,15 @@ from conftest import cli
 
 import gemma_cy
 from gemma_cy.api import Model, open_tokenizer, open_weights
-from gemma_cy.config import ModelConfig
+from gemma_cy.model.config import ModelConfig
 from gemma_cy.errors import ModelFormatError, TokenIndexError
-from gemma_cy.formats.gguf import GGML_TYPE_IDS, TensorData, gguf_tensor_name, write_gguf
+from gemma_cy.quant.ggml import GGML_TYPE_IDS
+from gemma_cy.formats.gguf_writer import TensorData, write_gguf
+from gemma_cy.formats.gguf_model import gguf_tensor_name
 from gemma_cy.formats.llama2c import read_llama2c, read_llama2c_f32, write_llama2c
-from gemma_cy.llama2c_tokenizer import (Llama2cTokenizer, read_tokenizer_bin, sentencepiece_to_llama2c,
-                                        write_tokenizer_bin)
-from gemma_cy.quant import F32Tensor, Int8Tensor, Q8_0Tensor
-from gemma_cy.weights import Weights, expected_shapes
+from gemma_cy.tokenizers.llama2c import (Llama2cTokenizer, read_tokenizer_bin, sentencepiece_to_llama2c, write_tokenizer_bin)
+from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
+from gemma_cy.model.weights import Weights, expected_shapes
 
 # ---------------------------------------------------------------- a hand-written vocab
 # ids 0..2 specials, 3..258 the byte pieces (run.c's byte fallback: byte + 3), then:

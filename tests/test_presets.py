@@ -1,4 +1,4 @@
-"""Presets: sizes, matching, and the deterministic random weights (SPEC A3)."""
+"""Presets: sizes, matching, and the deterministic random weights (docs/formats.md#the-tiny-test-fixture)."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,13 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gemma_cy import presets
+from gemma_cy.commands import presets
 from gemma_cy.errors import ModelFormatError, ParameterError
 from gemma_cy.formats.gmw import gmw_file_size, gmw_layout
-from gemma_cy.presets import (PRESETS, check_preset, match_preset, preset_config,
-                              random_weights)
-from gemma_cy.quant import quantize_per_tensor
-from gemma_cy.weights import Weights, expected_shapes
+from gemma_cy.commands.presets import PRESETS, check_preset, match_preset, preset_config, random_weights
+from gemma_cy.quant.tensors import quantize_per_tensor
+from gemma_cy.model.weights import Weights, expected_shapes
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_SHA256 = "83f240224e71ca95a87356a016b2ccb41a26efa10af4c150935cd1d5f0c8df57"
@@ -75,7 +74,7 @@ def test_unknown_preset():
 
 
 def test_tiny_weights_follow_the_literal_spec_recipe():
-    # SPEC A3 as written: one generator, one standard_normal call per tensor
+    # docs/formats.md#the-tiny-test-fixture as written: one generator, one standard_normal call per tensor
     # in file order, f64 -> f32, quantize. random_weights draws in chunks.
     config, tensors = random_weights("tiny")
     rng = np.random.default_rng(20260818)
@@ -98,8 +97,8 @@ def test_chunked_draw_equals_one_draw(monkeypatch):
                     elements=st.floats(width=32, allow_nan=False, allow_infinity=False)),
        chunk=st.integers(1, 50))
 def test_chunked_quantization_equals_the_one_shot_formula(w, chunk):
-    """quantize_per_tensor works in row chunks; it must equal SPEC A2 done in one go."""
-    from gemma_cy import quant
+    """quantize_per_tensor works in row chunks; it must equal docs/formats.md#int8-per-tensor-quantization done in one go."""
+    from gemma_cy.quant import tensors as quant
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(quant, "QUANT_CHUNK_VALUES", chunk)
         got = quantize_per_tensor(w)
@@ -126,7 +125,7 @@ def _rmsnorm(x, g, eps=1e-6):
 
 def test_small_forward_of_one_token_stays_finite(small_weights):
     # At position 0 attention sees only itself, so each query head outputs
-    # its kv head's v: enough to run every matrix of the model once (SPEC A5).
+    # its kv head's v: enough to run every matrix of the model once (docs/model.md#the-seed-model-gmw1).
     w, c = small_weights, small_weights.config
     x = w["embed_tokens"].row(7) + w["embed_positions"].row(0)  # (dim,)
     for layer in range(c.n_layers):
@@ -143,8 +142,8 @@ def test_small_forward_of_one_token_stays_finite(small_weights):
     assert np.all(np.isfinite(logits)) and np.abs(logits).max() < 20
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gemma_cy.fixture_vocab") is None,
-                    reason="gemma_cy.fixture_vocab not written yet")
+@pytest.mark.skipif(importlib.util.find_spec("gemma_cy.tokenizers.fixture_vocab") is None,
+                    reason="gemma_cy.tokenizers.fixture_vocab not written yet")
 def test_make_test_weights_script(tmp_path):
     out = tmp_path / "t" / "tiny.gmw"
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_weights.py"),

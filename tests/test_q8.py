@@ -1,11 +1,11 @@
-"""The opt-in int8-activation mode ("q8", SPEC Part C) and the block GEMM.
+"""The opt-in int8-activation mode ("q8", docs/numerics.md#activation-modes) and the block GEMM.
 
 q8: every matrix input is quantized to int8 per block of 32 before the
 product, in the fast path (k_quantize_q8 + k_gemm_q8, each SIMD module this
-CPU runs) and in the reference (gemma_cy.quant.quantize_activations_q8 +
+CPU runs) and in the reference (gemma_cy.quant.tensors.quantize_activations_q8 +
 reference.layers.Q8Matrix). The quantization and the products agree bit
 for bit (exact integer block sums, scaled and summed in f64 in one order);
-the other ops differ by f32 summation order only (SPEC Part C's
+the other ops differ by f32 summation order only (docs/numerics.md#tolerances
 tolerance). Greedy decoding must agree token for token.
 
 Block GEMM: a prefill runs up to 64 positions per layer call; every (row,
@@ -20,26 +20,26 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gemma_cy import ops
+from gemma_cy.fast import ops
 from gemma_cy.errors import ParameterError
-from gemma_cy.engines import make_engine
-from gemma_cy.fast_engine import FastEngine
+from gemma_cy.generation.engines import make_engine
+from gemma_cy.fast.engine import FastEngine
 from gemma_cy.formats.gmw import read_gmw
-from gemma_cy.quant import Int8Tensor, Q8_0Tensor, quantize_activations_q8, quantize_per_tensor, quantize_q8_0
-from gemma_cy.tokenizer import GreedyTokenizer
+from gemma_cy.quant.tensors import (Int8Tensor, Q8_0Tensor, quantize_activations_q8, quantize_per_tensor, quantize_q8_0)
+from gemma_cy.tokenizers.greedy import GreedyTokenizer
 from gemma_cy.api import Model
-from gemma_cy.diff import teacher_forced
+from gemma_cy.commands.diff import teacher_forced
 from gemma_cy_reference.layers import Q8Matrix
 from gemma_cy_reference.model import ReferenceEngine
 
 from conftest import AVAILABLE, ISA, cli, kernels
 
-ATOL, RTOL = 2e-3, 1e-3  # SPEC Part C, default
+ATOL, RTOL = 2e-3, 1e-3  # docs/numerics.md#tolerances, default
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def quantize_f64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The q8 rule computed independently of gemma_cy.quant: per block of 32,
+    """The q8 rule computed independently of gemma_cy.quant.tensors: per block of 32,
     d = f32(max|x| / 127) and q = round-half-even(f32(x * f32(1/d))), in
     Python floats rounded to f32 at each step (finite x only)."""
     blocks = x.astype(np.float64).reshape(-1, 32)
@@ -205,7 +205,7 @@ def greedy_both_q8(weights, ids, n: int, isa: str) -> None:
     equal (a divergence reports the step, both ids and the reference's
     top-1/top-2 margin), and every op of every position of the fast engine
     must be within tolerance of the reference's layer function applied to
-    the fast engine's own inputs (gemma_cy.diff.teacher_forced).
+    the fast engine's own inputs (gemma_cy.commands.diff.teacher_forced).
 
     Free-running logits are not compared with the per-op tolerance: two
     engines whose f32 sums differ in order by an ulp can land an activation

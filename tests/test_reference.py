@@ -4,7 +4,7 @@ Layer facts (RoPE is a rotation, RMSNorm of a constant, activations against
 scalar math, attention over one position, windows, GQA), engine facts (KV
 cache, causality, bounds, NaN) and a whole forward pass against a float64
 re-implementation written here with loops, sharing nothing with the
-reference. Tolerances are SPEC Part C's.
+reference. Tolerances are docs/numerics.md#tolerances's.
 """
 from __future__ import annotations
 
@@ -18,17 +18,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemma_cy.config import ModelConfig
+from gemma_cy.model.config import ModelConfig
 from gemma_cy.errors import NumericalError, ParameterError, TokenIndexError
-from gemma_cy.quant import Int8Tensor, quantize_per_tensor
-from gemma_cy.weights import Weights, expected_shapes
+from gemma_cy.quant.tensors import Int8Tensor, quantize_per_tensor
+from gemma_cy.model.weights import Weights, expected_shapes
 from gemma_cy_reference.generate import argmax, generate
-from gemma_cy_reference.layers import (F32Weights, KVCache, attention, gelu_tanh, rmsnorm,
-                                       rope, silu)
+from gemma_cy_reference.layers import F32Weights, KVCache, attention, gelu_tanh, rmsnorm, rope, silu
 from gemma_cy_reference.model import OBSERVED_OPS, ReferenceEngine, observed_calls
 
-ATOL, RTOL = 2e-3, 1e-3  # SPEC Part C default
-ACT_ATOL, ACT_RTOL = 1e-4, 1e-5  # SPEC Part C: softmax, SiLU/GELU
+ATOL, RTOL = 2e-3, 1e-3  # docs/numerics.md#tolerances default
+ACT_ATOL, ACT_RTOL = 1e-4, 1e-5  # docs/numerics.md#tolerances: softmax, SiLU/GELU
 
 FEW = settings(max_examples=25, deadline=None)
 

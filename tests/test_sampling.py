@@ -1,4 +1,4 @@
-"""Sampler and SplitMix64 (SPEC A6; BAD_INPUTS rows 21-25).
+"""Sampler and SplitMix64 (docs/generation.md#sampler; docs/errors.md cases 21-25).
 
 Expected values are worked out here independently: known SplitMix64 outputs
 and a re-statement of its formula, hand-built distributions whose kept sets
@@ -17,7 +17,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gemma_cy.errors import NumericalError, ParameterError
-from gemma_cy.sampling import Sampler, SplitMix64
+from gemma_cy.generation.sampling import Sampler, SplitMix64
 
 GAMMA = 0x9E3779B97F4A7C15
 TWO64 = 2**64
@@ -29,7 +29,7 @@ LOGITS7 = np.log(P7).astype(np.float32)  # with T = 1, softmax gives back P7
 
 
 def splitmix64_outputs(seed: int, n: int) -> list[int]:
-    """SplitMix64 re-stated from the SPEC with Python ints and explicit % 2**64."""
+    """SplitMix64 re-stated from docs/generation.md#sampler with Python ints and explicit % 2**64."""
     out, s = [], seed
     for _ in range(n):
         s = (s + GAMMA) % TWO64
@@ -167,7 +167,7 @@ def test_boundary_parameters_are_accepted(kwargs):
 
 def test_validation_survives_python_O():
     code = (
-        "from gemma_cy.sampling import Sampler\n"
+        "from gemma_cy.generation.sampling import Sampler\n"
         "from gemma_cy.errors import ParameterError\n"
         "for kw in ({'temperature': -1}, {'min_p': 2}, {'top_p': 0}, {'top_k': -1}):\n"
         "    try:\n"

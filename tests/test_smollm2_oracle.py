@@ -12,7 +12,7 @@ package dequantized to f32. Checks:
   code, numbers, French, JSON, a ~550-token license text);
 * the fast engine on the Q8_0 conversion (the cached file the CLI runs)
   against the reference on the same Q8_0 weights: 64 greedy tokens
-  identical on five prompts, every step's logits within SPEC Part C;
+  identical on five prompts, every step's logits within docs/numerics.md#tolerances;
 * the CLI answers a chat question and stops at <|im_end|>.
 """
 import json
@@ -31,7 +31,7 @@ FAST_PROMPTS = ("chat_capital", "story", "arithmetic", "code_python", "json")  #
 
 @pytest.fixture(scope="module")
 def source():
-    from gemma_cy.default_model import smollm2_source_path
+    from gemma_cy.commands.default_model import smollm2_source_path
 
     if not PROMPTS:
         pytest.skip(f"{GOLDEN}/greedy.json missing: make it with scripts/make_smollm2_goldens.py")
@@ -43,14 +43,14 @@ def source():
 
 @pytest.fixture(scope="module")
 def converted(source):
-    from gemma_cy.default_model import smollm2_model_path
+    from gemma_cy.commands.default_model import smollm2_model_path
 
     return smollm2_model_path(progress=False)
 
 
 @pytest.fixture(scope="module")
 def reference(source):
-    from gemma_cy.formats.gguf import read_gguf_f32
+    from gemma_cy.formats.gguf_model import read_gguf_f32
     from gemma_cy_reference.model import ReferenceEngine
 
     longest = max(len(p["prompt_ids"]) for p in PROMPTS) + len(PROMPTS[0]["greedy_ids"])
@@ -75,8 +75,8 @@ def test_fast_equals_reference_on_q8_0(converted):
     """Five prompts, 64 greedy tokens each, on the converted file: the same
     ids, and every step's logits within tolerance. A divergence reports the
     step, both ids and the reference's top-1/top-2 margin."""
-    from gemma_cy.fast_engine import FastEngine
-    from gemma_cy.formats.gguf import read_gguf
+    from gemma_cy.fast.engine import FastEngine
+    from gemma_cy.formats.gguf_model import read_gguf
     from gemma_cy_reference.model import ReferenceEngine
 
     weights = read_gguf(converted)

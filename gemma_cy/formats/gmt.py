@@ -1,4 +1,4 @@
-"""GMT1 v1: the seed engine's tokenizer file (SPEC A4). Reads and writes it.
+"""GMT1 v1: the seed engine's tokenizer file (docs/formats.md#gmt1-tokenizer). Reads and writes it.
 
 Layout (little-endian):
 
@@ -38,7 +38,7 @@ class Vocab:
     """A tokenizer's pieces and special ids, as every tokenizer format gives.
 
     Entry ``i`` is ``pieces[i]`` (raw bytes), ``types[i]`` (PIECE_*) and
-    ``scores[i]``. Building one checks every rule of SPEC A4, so a ``Vocab``
+    ``scores[i]``. Building one checks every rule of docs/formats.md#gmt1-tokenizer, so a ``Vocab``
     that exists is valid; ``source`` names the file in messages.
     """
 

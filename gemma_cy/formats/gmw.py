@@ -1,10 +1,10 @@
-"""GMW1 v1: the seed engine's int8 weights file (SPEC A1, A2). Reads and writes.
+"""GMW1 v1: the seed engine's int8 weights file (docs/formats.md#gmw1-weights and #int8-per-tensor-quantization). Reads and writes.
 
 Layout: a 64-byte header, then every tensor back to back as ``rows*cols``
 int8 values followed by one f32 scale; no names, no alignment. The header
 alone fixes the file size, so that size is the shape check: it is computed
 with Python ints and compared to the real size before anything is looped
-over or mapped into arrays (BAD_INPUTS rows 4-7).
+over or mapped into arrays (docs/errors.md cases 4-7).
 
 GMW1 tensor names -> ``Weights`` names: gamma_attn -> layers.{l}.attn_norm,
 gamma_ffn -> layers.{l}.ffn_norm, final_norm_gamma -> final_norm; the others
@@ -19,11 +19,11 @@ import struct
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..errors import ModelFormatError
 from .mapped import atomic_write, map_file
-from ..quant import Int8Tensor
-from ..weights import Weights
+from ..quant.tensors import Int8Tensor
+from ..model.weights import Weights
 
 MAGIC = b"GMW1"
 VERSION = 1
@@ -84,7 +84,7 @@ def gmw_file_size(n_layers: int, dim: int, n_kv_heads: int, head_dim: int,
 def gmw_config(n_layers: int, dim: int, n_heads: int, n_kv_heads: int,
                mlp_dim: int, vocab_size: int, max_seq_len: int, head_dim: int,
                rope_base: float) -> ModelConfig:
-    """The ModelConfig a GMW1 header means: the seed's switches (SPEC A5).
+    """The ModelConfig a GMW1 header means: the seed's switches (docs/model.md#the-seed-model-gmw1).
 
     SiLU gating, interleaved RoPE, plain norm gain, learned position table,
     untied lm_head, eps 1e-6: all ModelConfig defaults.
@@ -101,7 +101,7 @@ def read_gmw(path) -> Weights:
     The file is memory-mapped read-only; the map stays alive through
     ``Weights.keepalive``. Raises ModelFormatError (naming the file, the
     field, the value found and the rule) for a missing, unreadable or
-    non-regular file and for any breach of SPEC A1 or a NaN/Inf/negative
+    non-regular file and for any breach of docs/formats.md#gmw1-weights or a NaN/Inf/negative
     scale. A zero scale is accepted: that tensor dequantizes to zeros.
     """
     name = os.fspath(path)
@@ -116,7 +116,7 @@ def read_gmw(path) -> Weights:
 
 
 def _parse_header(name: str, mm: mmap.mmap) -> ModelConfig:
-    """Validate the header (SPEC A1) and the file size; return the config."""
+    """Validate the header (docs/formats.md#gmw1-weights) and the file size; return the config."""
     size = len(mm)  # the mapped size, not an earlier stat: the one we will read
     if size < HEADER_SIZE:
         raise ModelFormatError(
@@ -187,7 +187,7 @@ def _tensors(name: str, mm: mmap.mmap, config: ModelConfig) -> dict[str, Int8Ten
 
 
 def write_gmw(path, config: ModelConfig, tensors: dict[str, Int8Tensor]) -> None:
-    """Write ``tensors`` as a GMW1 v1 file at ``path`` (SPEC A1).
+    """Write ``tensors`` as a GMW1 v1 file at ``path`` (docs/formats.md#gmw1-weights).
 
     ``tensors`` uses the Weights names and shapes (vectors as (n,)); they are
     written in file order, vectors as [n][1]. Raises ModelFormatError when

@@ -46,7 +46,7 @@ Reading for the engines (``read_llama2c``): norm gains stay f32
 (``F32Tensor``, zero-copy views of the mapped file); every matrix becomes
 ``Q8_0Tensor`` (quant.quantize_q8_0, llama.cpp's codec) when its row length
 is a multiple of 32, else ``Int8Tensor`` (one scale for the whole tensor,
-SPEC A2) - e.g. stories260K's hidden_dim 172. fp32 values are quantized once;
+docs/formats.md#int8-per-tensor-quantization) - e.g. stories260K's hidden_dim 172. fp32 values are quantized once;
 v2 values are dequantized (q * scale in f32) and re-quantized to Q8_0. That
 is exact only where a Q8_0 block's f16 scale d = max|x|/127 and the rounding
 of x / d give back the same values, which a group scale generally does not
@@ -54,7 +54,7 @@ allow; the error is below one Q8_0 step (max|x| of the block / 254 plus
 the f16 rounding of d). ``read_llama2c_f32`` gives the file's own values
 as ``F32Tensor`` for the reference engine instead (zero-copy for fp32).
 
-Validation (BAD_INPUTS rows 1-15), before any tensor is touched: every
+Validation (docs/errors.md cases 1-15), before any tensor is touched: every
 size positive, n_heads dividing dim, n_kv_heads dividing n_heads, even
 head_size, the group size (v2) at least 1 and dividing dim and hidden_dim,
 padding bytes zero, and the file size equal to the one the header implies,
@@ -72,10 +72,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..errors import ModelFormatError
-from ..quant import Q8_0_BLOCK, F32Tensor, Q8_0Tensor, quantize_per_tensor, quantize_q8_0
-from ..weights import Weights
+from ..quant.tensors import Q8_0_BLOCK, F32Tensor, Q8_0Tensor, quantize_per_tensor, quantize_q8_0
+from ..model.weights import Weights
 from .mapped import atomic_write, map_file
 
 LEGACY_HEADER = struct.Struct("<7i")  # dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len

@@ -1,0 +1,142 @@
+"""The fast engine: the Cython forward pass behind the reference engine's interface.
+
+    engine = FastEngine(weights, max_cache_len)   # isa=None: gemma_cy.fast.ops.ISA
+    logits = engine.prefill(prompt_ids)           # positions pos .. pos+len-1
+    logits = engine.decode(next_id)               # position pos
+
+The forward pass itself is ``FastModel`` of the SIMD module in use
+(gemma_cy/fast/forward.pxi, built into every gemma_cy.fast.simd_<isa>): one
+GIL-free call per prefill or decode step. This wrapper is the boundary: it
+checks every token id and position first (gemma_cy.model.checks, the reference's
+errors and messages), turns a non-finite step into NumericalError, and calls
+the observer (gemma_cy.model.observe) from the step's trace.
+
+Differences from the reference, all on purpose:
+  - prefill computes the logits of its last position only (the lm_head is the
+    biggest matrix of a real model), so with an observer the "logits" op is
+    observed at that position only; every other op at every position.
+  - NaN/Inf is found by checking the residual stream after the embedding and
+    each layer, so a prefill stops at the first position that goes non-finite,
+    naming that layer. Non-finite logits from a finite residual (a broken
+    lm_head) can only show where logits are computed: at a prefill's last
+    position (the reference names the first).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import ops
+from ..model.checks import cache_length, check_position, check_prefill, check_token, non_finite_error
+from ..model.observe import Observer, observed_calls
+from ..model.weights import Weights
+
+
+PREFILL_CHUNK = 64  # positions per GIL-free call in a prefill (~1 s on Gemma 3 270M at worst)
+
+
+class FastEngine:
+    """The Cython engine over ``weights`` with a KV cache of
+    min(max_cache_len, config.max_seq_len) positions.
+
+    ``isa`` names the SIMD module to run (gemma_cy.fast.ops.ISAS; None: the one
+    gemma_cy.fast.ops chose for this CPU). Same interface as
+    gemma_cy_reference.model.ReferenceEngine: ``config``, ``cache_len``,
+    ``pos`` (positions filled so far), ``reset()``, ``forward(token, pos)``,
+    ``prefill(ids)``, ``decode(token)``, each returning the logits (vocab,)
+    f32 as a new array the caller owns. ``activations``: "f32" (default) or
+    "q8" (the opt-in int8-activation mode, docs/numerics.md#activation-modes; the reference
+    engine mirrors it). ``model`` is the FastModel (its
+    ``cache_keys``/``cache_values`` are read-only views of the KV cache).
+    """
+
+    def __init__(self, weights: Weights, max_cache_len: int, isa: str | None = None,
+                 activations: str = "f32") -> None:
+        self.config = weights.config
+        self.cache_len = cache_length(max_cache_len, self.config)
+        self.isa = ops.ISA if isa is None else isa
+        self.activations = activations
+        self.model = ops.module_for(self.isa).FastModel(weights, self.cache_len, activations)
+        self.pos = 0
+        layout = self.model.trace_layout
+        # (layer, op, offset, size, shape) of each observer call of a position, in order
+        self._calls = [(layer, op, layout[layer, op][0], int(np.prod(layout[layer, op][1])),
+                        layout[layer, op][1]) for layer, op in observed_calls(self.config.n_layers)]
+        self._logits_at = layout[self.config.n_layers, "logits"][0]
+
+    def reset(self) -> None:
+        """Forget every position: the next prefill starts at position 0."""
+        self.pos = 0
+
+    def forward(self, token: int, pos: int, observer: Observer | None = None) -> np.ndarray:
+        """Run ``token`` at position ``pos`` (0 <= pos <= self.pos) and return
+        its logits (vocab,) f32. Positions after ``pos`` are forgotten
+        (self.pos becomes pos + 1)."""
+        token = check_token(token, self.config.vocab_size)
+        pos = check_position(pos, self.pos, self.cache_len)
+        return self._run([token], pos, observer)
+
+    def prefill(self, ids: Sequence[int], observer: Observer | None = None) -> np.ndarray:
+        """Run ``ids`` at positions self.pos, self.pos+1, ...; return the logits
+        (vocab,) of the last one. Every id and position is checked first."""
+        ids = check_prefill(ids, self.pos, self.config.vocab_size, self.cache_len)
+        return self._run(ids, self.pos, observer)
+
+    def decode(self, token: int, observer: Observer | None = None) -> np.ndarray:
+        """Run one token at the next position; return its logits (vocab,)."""
+        return self.forward(token, self.pos, observer)
+
+    def _run(self, ids: list[int], start: int, observer: Observer | None) -> np.ndarray:
+        """Positions start .. start+len(ids)-1, inputs already checked: one
+        call without an observer; one traced call per position with one."""
+        n = len(ids)
+        if observer is None:
+            if n == 1:  # a decode step: no ids array to build and check
+                done = self.model.run_token(ids[0], start)
+            else:
+                done = self._prefill_chunks(np.array(ids, dtype=np.int32), start)
+            if done < n:
+                self._fail(start, start + done)
+        else:
+            tokens = np.array(ids, dtype=np.int32)
+            for i in range(n):
+                last = i == n - 1
+                done = self.model.run(tokens[i:i + 1], start + i, logits=last, trace=True)
+                self._observe(observer, start + i, last)
+                if done < 1:
+                    self._fail(start, start + i)
+        self.pos = start + n
+        return self.model.last_logits.copy()
+
+    def _prefill_chunks(self, tokens: np.ndarray, start: int) -> int:
+        """Run ``tokens`` PREFILL_CHUNK positions per GIL-free call (so Ctrl-C
+        is seen between calls), logits at the very last position only.
+        Returns how many positions ran before a non-finite one."""
+        n = len(tokens)
+        done = 0
+        for lo in range(0, n, PREFILL_CHUNK):
+            chunk = tokens[lo:lo + PREFILL_CHUNK]
+            ran = self.model.run(chunk, start + lo, logits=lo + len(chunk) == n)
+            done += ran
+            if ran < len(chunk):
+                break
+        return done
+
+    def _fail(self, start: int, pos: int) -> None:
+        """Raise NumericalError for position ``pos``; the positions before it
+        (from ``start``) ran and stay filled, as in the reference."""
+        if pos > start:
+            self.pos = pos
+        raise non_finite_error(pos, self.model.first_bad, self.config.n_layers)
+
+    def _observe(self, observer: Observer, pos: int, with_logits: bool) -> None:
+        """Hand the traced position to ``observer`` in the reference's order,
+        each value a read-only view of one copy of the trace."""
+        trace = self.model.trace
+        values = trace.copy() if with_logits else trace[:self._logits_at].copy()
+        values.flags.writeable = False
+        for layer, op, offset, size, shape in self._calls:
+            if op == "logits" and not with_logits:
+                continue
+            observer(layer, op, pos, values[offset:offset + size].reshape(shape))

@@ -1,0 +1,689 @@
+# The forward pass: the layers of reference/layers.py (embed, rmsnorm, rope,
+# attention, mlp, block, final_norm, logits), with the same names, as nogil
+# methods of FastModel over this module's kernels. FastModel owns the weights
+# (zero-copy pointers into the mapped file), the scratch buffers and the KV
+# cache (llama2.c's TransformerWeights + RunState); FastModel.run runs one or
+# more positions through every layer in one call with the GIL released, with
+# no allocation and no Python inside.
+#
+# Positions run in blocks of up to BLOCK (a decode step is a block of one):
+# each layer takes the block as a (T, width) matrix, so a prefill reads each
+# weight matrix once per block (k_gemm) instead of once per position, and
+# the result is the same, bit for bit, as running the positions one by one
+# (the same dot product per row and position; attention of position t reads
+# the cache up to t only).
+#
+# Activations: f32 (the default), or "q8": every matrix input quantized to
+# int8 per block of 32 first (k_quantize_q8), the opt-in mode of
+# docs/numerics.md#activation-modes that the reference mirrors
+# (gemma_cy.quant.tensors.quantize_activations_q8).
+#
+# Included by every gemma_cy/fast/simd_<isa>.pyx after the kernels, so each ISA
+# module has the whole step with its own kernels inlined. The engine around
+# it (index checks, observer calls, errors) is gemma_cy/fast/engine.py.
+#
+# Observer hook, one code path: with tracing on, the same step copies each
+# intermediate the reference observes (gemma_cy.observe) into a trace buffer
+# laid out once; the Python caller hands them to the observer after the call.
+#
+# The layer methods that index memoryviews with computed positions (KV cache,
+# scores, trace) are `except -1`: in the debug build (GEMMA_CY_DEBUG=1, bounds
+# checks on) an index error raises out of the nogil step instead of being
+# printed and ignored. Release builds never raise there; each call pays one
+# compare. The elementwise kernels below them stay `noexcept`.
+
+cimport cython
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport int32_t
+from libc.string cimport memcpy, memset
+
+from gemma_cy.errors import ModelFormatError
+from gemma_cy.model.observe import op_shape
+from gemma_cy.fast.arena import pack_matrices
+from gemma_cy.model.weights import LAYER_MATRICES
+from gemma_cy.quant.tensors import Int8Tensor, Q8_0Tensor
+
+
+# The layer ops the trace records, in gemma_cy.observe.LAYER_OPS order; the
+# names of the same ops, in the same order, are LAYER_TRACE_OPS.
+cdef enum LayerOp:
+    OP_ATTN_NORM = 0
+    OP_Q = 1
+    OP_K = 2
+    OP_V = 3
+    OP_ATTN_OUT = 4
+    OP_ATTN = 5
+    OP_RESID_ATTN = 6
+    OP_FFN_NORM = 7
+    OP_MLP = 8
+    OP_RESID_MLP = 9
+    N_LAYER_OPS = 10
+
+LAYER_TRACE_OPS = ("attn_norm", "q", "k", "v", "attn_out", "attn", "resid_attn",
+                   "ffn_norm", "mlp", "resid_mlp")
+
+# A model whose matrices take at most this many bytes in all is taken to stay
+# in the last-level cache between steps (Zen 3: 32 MB of L3, shared by the
+# cores), so its int8 GEMVs use k_gemv_i8_resident. The tiny model: 2.2 MB;
+# the 270M-sized ones: ~260 MB.
+cdef enum:
+    RESIDENT_MODEL_BYTES = 8 << 20
+
+# Positions per block of the forward pass (scratch is (BLOCK, width)).
+cdef enum:
+    BLOCK = 64
+# Positions of a block whose queries share each pass over the keys and values
+# in attention: the window's rows come from L2/L3 once per tile, not per position.
+cdef enum:
+    ATT_TILE = 4
+
+# FastModel.first_bad: where a step's activations first went non-finite
+# (-1 the embedding, 0..n_layers-1 a layer's residual, n_layers the logits).
+cdef enum:
+    ALL_FINITE = -2
+
+
+# One transformer layer's weights (reference.layers.LayerWeights). Sizes:
+# dim hidden, hd head_dim, qd = n_heads*hd, kvd = n_kv_heads*hd, mlp.
+cdef struct LayerWeights:
+    QMatrix q_proj  # (qd, dim)
+    QMatrix k_proj  # (kvd, dim)
+    QMatrix v_proj  # (kvd, dim)
+    QMatrix o_proj  # (dim, qd)
+    QMatrix gate_proj  # (mlp, dim)
+    QMatrix up_proj  # (mlp, dim)
+    QMatrix down_proj  # (dim, mlp)
+    const float* attn_norm  # (dim,)
+    const float* ffn_norm  # (dim,)
+    const float* q_norm  # (hd,), NULL unless config.qk_norm
+    const float* k_norm  # (hd,), NULL unless config.qk_norm
+    const float* post_attn_norm  # (dim,), NULL unless config.post_norms
+    const float* post_ffn_norm  # (dim,), NULL unless config.post_norms
+    Py_ssize_t rope_table  # 0: the global RoPE base's cos/sin, 1: the local one's
+    Py_ssize_t window  # positions attended to, itself included; 0 = all
+
+
+cdef Py_ssize_t _matrix_bytes(object tensor):
+    """Bytes of a weight matrix's values as stored (0 for a vector)."""
+    if len(tensor.shape) != 2:
+        return 0
+    return tensor.blocks.nbytes if isinstance(tensor, Q8_0Tensor) else tensor.q.nbytes
+
+
+cdef QMatrix _qmatrix(object tensor, list keep, bint resident) except *:
+    """The kernels' view of a weight matrix (Int8Tensor or Q8_0Tensor): a
+    pointer into its (read-only, usually mapped) values, no copy; ``keep``
+    keeps the array alive. ``resident``: the model stays in cache."""
+    cdef const int8_t[:, ::1] view
+    cdef const uint8_t[:, :, ::1] blocks
+    cdef QMatrix m
+    m.q = NULL
+    m.blocks = NULL
+    m.scale = 1
+    m.resident = resident
+    if isinstance(tensor, Int8Tensor):
+        view = tensor.q
+        keep.append(tensor.q)
+        m.q = &view[0, 0]
+        m.scale = tensor.scale
+        m.rows = view.shape[0]
+        m.cols = view.shape[1]
+        m.layout = QLAYOUT_I8_TENSOR
+    elif isinstance(tensor, Q8_0Tensor):
+        blocks = _array(tensor.blocks, "Q8_0 blocks", np.uint8, (3,))
+        keep.append(tensor.blocks)
+        m.blocks = &blocks[0, 0, 0]
+        m.rows = blocks.shape[0]
+        m.cols = blocks.shape[1] * Q8_0_BLOCK
+        m.layout = QLAYOUT_Q8_0
+    else:
+        raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
+    return m
+
+
+cdef object _zeros(object shape):
+    """A new f32 array of zeros of ``shape`` (an int or a tuple). np.zeros maps
+    fresh pages lazily: a large KV cache costs memory only as positions fill."""
+    return np.zeros(shape, np.float32)
+
+
+cdef object _read_only_view(object array):
+    """A read-only view of ``array`` (the owner keeps writing into it)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+cdef float* _f32(object array, list keep) except NULL:
+    """A pointer to the values of an owned f32 array (C-contiguous, non-empty)."""
+    cdef float[::1] view = array
+    keep.append(array)
+    return &view[0]
+
+
+cdef const float* _gain(object tensor, list keep) except? NULL:
+    """A norm gain (Int8Tensor or F32Tensor) dequantized once to an owned f32
+    array (exactly the reference's values); NULL for an absent (None) gain."""
+    if tensor is None:
+        return NULL
+    return _f32(np.array(tensor.dequantize(), dtype=np.float32, order="C", copy=True), keep)
+
+
+cdef inline Py_ssize_t _window_start(Py_ssize_t pos, Py_ssize_t window) noexcept nogil:
+    """The first position that position pos attends to (window 0: all of them)."""
+    return pos - window + 1 if window > 0 and pos - window + 1 > 0 else 0
+
+
+@cython.final
+cdef class FastModel:
+    """The whole forward pass of one model in Cython, over this module's kernels.
+
+    FastModel(weights, cache_len): weights is a gemma_cy.weights.Weights (its
+    matrices, Int8Tensor or Q8_0Tensor, are used in place: zero-copy views of
+    the mapped file; a tied lm_head is the embedding itself), cache_len the
+    positions of the KV cache (1..config.max_seq_len).
+
+    ``run(ids, pos, logits=True, trace=False)`` runs the int32 ids at
+    positions pos, pos+1, ... and returns how many positions completed.
+    Results: ``last_logits`` (vocab,) of the last position, ``trace`` and
+    ``trace_layout`` (the intermediates of a traced position), ``first_bad``,
+    ``cache_keys`` / ``cache_values`` (n_layers, cache_len, n_kv_heads,
+    head_dim): read-only views of buffers the next run overwrites.
+    gemma_cy.fast.engine.FastEngine is the engine built on this.
+    """
+
+    # sizes (abbreviations as in reference/layers.py)
+    cdef readonly Py_ssize_t n_layers, dim, n_heads, n_kv_heads, head_dim, q_dim, kv_dim
+    cdef readonly Py_ssize_t mlp_dim, vocab_size, cache_len
+    # switches
+    cdef double norm_eps
+    cdef bint one_plus  # gains are (1 + g)
+    cdef bint gelu  # gate activation: gelu_tanh, else silu
+    cdef bint position_table
+    cdef RopePairing pairing
+    cdef float embed_scale, scores_scale, attn_softcap, final_softcap  # soft-caps: 0 = off
+    cdef double rope_bases[2]  # global, local (layers' rope_table)
+
+    # weights
+    cdef QMatrix embed_tokens  # (vocab, dim)
+    cdef QMatrix embed_positions  # (max_seq_len, dim), when position_table
+    cdef QMatrix lm_head  # (vocab, dim): embed_tokens' own struct when tied (same memory)
+    cdef const float* final_gain  # (dim,)
+    cdef LayerWeights* layers  # (n_layers,)
+
+    # run state: scratch buffers, allocated once; T = positions of the block
+    cdef bint act_q8  # quantize every matrix input to int8 per block of 32
+    cdef float* x  # (BLOCK, dim) residual stream
+    cdef float* xb  # (BLOCK, dim) normed input of attention / MLP
+    cdef float* xb2  # (BLOCK, dim) output of attention / MLP; the position row in embed
+    cdef float* q  # (BLOCK, qd) queries
+    cdef float* ao  # (BLOCK, qd) attention output (weighted sums of v), before o_proj
+    cdef float* q_tile  # (ATT_TILE * nh, hd) the query rows of one kv head over a tile of positions
+    cdef float* ao_tile  # (ATT_TILE * nh, hd) their attention output
+    cdef float* hb  # (BLOCK, mlp) gate, then act(gate) * up
+    cdef float* hb2  # (BLOCK, mlp) up
+    cdef int8_t* xq  # (BLOCK, max width) a matrix input quantized (q8 mode)
+    cdef float* xd  # (BLOCK, max width / 32) its block scales (q8 mode)
+    cdef float* gemm_scratch  # k_gemm's (k_gemm_scratch_floats(max width, BLOCK),)
+    cdef float* rope_cos  # (BLOCK, 2, hd/2): cos of each position's angles, global and local base
+    cdef float* rope_sin  # (BLOCK, 2, hd/2)
+    cdef float* out  # (vocab,) logits
+    cdef float[::1] att  # (ATT_TILE * nh, cache_len) scores, then probabilities, of the rows of q_tile
+    cdef float[:, :, :, ::1] key_cache  # (n_layers, cache_len, nkv, hd), rotated keys
+    cdef float[:, :, :, ::1] value_cache  # (n_layers, cache_len, nkv, hd), raw values
+    cdef int bad_at[BLOCK]  # per position of a block: ALL_FINITE or where it went non-finite
+
+    # the trace of one position: embed, n_layers * the layer ops, final_norm, logits
+    cdef bint tracing
+    cdef float[::1] trace_buf
+    cdef Py_ssize_t op_offset[N_LAYER_OPS]  # of each layer op within a layer's block
+    cdef Py_ssize_t trace_stride  # floats per layer
+    cdef Py_ssize_t trace_head  # offset of final_norm (logits follow it)
+
+    cdef readonly int first_bad  # ALL_FINITE (-2), or where the last run went non-finite
+    cdef readonly object last_logits, cache_keys, cache_values, trace, trace_layout
+    cdef list _keep  # every array a pointer above points into
+
+    def __cinit__(self):
+        self.layers = NULL
+
+    def __dealloc__(self):
+        PyMem_Free(self.layers)
+
+    def __init__(self, weights, Py_ssize_t cache_len, str activations="f32"):
+        c = weights.config
+        if not 0 < cache_len <= c.max_seq_len:
+            raise ValueError(f"cache_len = {cache_len}, must be in [1, {c.max_seq_len}]")
+        if activations not in ("f32", "q8"):
+            raise ValueError(f"activations = {activations!r}, expected 'f32' or 'q8'")
+        self.act_q8 = activations == "q8"
+        if self.act_q8 and any(width % Q8_0_BLOCK for width in (c.dim, c.q_dim, c.mlp_dim)):
+            raise ModelFormatError(f"int8 activations need dim, n_heads*head_dim and mlp_dim to be multiples "
+                                   f"of {Q8_0_BLOCK}; this model has {c.dim}, {c.q_dim}, {c.mlp_dim}")
+        self._keep = [weights]  # weights.keepalive holds the mapped file
+        keep = self._keep
+        self.n_layers, self.dim, self.n_heads, self.n_kv_heads = c.n_layers, c.dim, c.n_heads, c.n_kv_heads
+        self.head_dim, self.q_dim, self.kv_dim, self.mlp_dim = c.head_dim, c.q_dim, c.kv_dim, c.mlp_dim
+        self.vocab_size, self.cache_len = c.vocab_size, cache_len
+        self.norm_eps = c.norm_eps
+        self.one_plus = c.norm_gain == "one_plus"
+        self.gelu = c.activation == "gelu_tanh"
+        self.position_table = c.position_table
+        self.pairing = ROPE_INTERLEAVED if c.rope_pairing == "interleaved" else ROPE_HALF_SPLIT
+        self.embed_scale = c.embed_scale
+        self.scores_scale = c.scores_scale
+        self.attn_softcap = c.attn_softcap
+        self.final_softcap = c.final_softcap
+        self.rope_bases[0] = c.rope_base
+        self.rope_bases[1] = c.rope_base if c.rope_base_local is None else c.rope_base_local
+
+        cdef bint resident = sum(_matrix_bytes(t) for t in weights.tensors.values()) <= RESIDENT_MODEL_BYTES
+        # the matrices a decode step streams, in its order, copied out of the
+        # file's map into one arena of 2 MiB pages (gemma_cy/fast/arena.py)
+        head = "embed_tokens" if c.tied_embeddings else "lm_head"
+        packed, arena = pack_matrices(weights.tensors, [f"layers.{layer}.{name}" for layer in range(c.n_layers)
+                                                        for name in LAYER_MATRICES] + [head])
+        keep.append(arena)
+        matrix = lambda name: packed[name] if name in packed else weights[name]
+        self.embed_tokens = _qmatrix(matrix("embed_tokens"), keep, resident)
+        if c.position_table:
+            self.embed_positions = _qmatrix(weights["embed_positions"], keep, resident)
+        self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(matrix("lm_head"), keep, resident)
+        self.final_gain = _gain(weights["final_norm"], keep)
+        self.layers = <LayerWeights*> PyMem_Malloc(c.n_layers * sizeof(LayerWeights))
+        if self.layers == NULL:
+            raise MemoryError("FastModel: no memory for the layer table")
+        cdef LayerWeights* w
+        for layer in range(c.n_layers):
+            w = &self.layers[layer]
+            p = f"layers.{layer}."
+            w.q_proj = _qmatrix(matrix(p + "q_proj"), keep, resident)
+            w.k_proj = _qmatrix(matrix(p + "k_proj"), keep, resident)
+            w.v_proj = _qmatrix(matrix(p + "v_proj"), keep, resident)
+            w.o_proj = _qmatrix(matrix(p + "o_proj"), keep, resident)
+            w.gate_proj = _qmatrix(matrix(p + "gate_proj"), keep, resident)
+            w.up_proj = _qmatrix(matrix(p + "up_proj"), keep, resident)
+            w.down_proj = _qmatrix(matrix(p + "down_proj"), keep, resident)
+            w.attn_norm = _gain(weights[p + "attn_norm"], keep)
+            w.ffn_norm = _gain(weights[p + "ffn_norm"], keep)
+            w.q_norm = _gain(weights[p + "q_norm"] if c.qk_norm else None, keep)
+            w.k_norm = _gain(weights[p + "k_norm"] if c.qk_norm else None, keep)
+            w.post_attn_norm = _gain(weights[p + "post_attn_norm"] if c.post_norms else None, keep)
+            w.post_ffn_norm = _gain(weights[p + "post_ffn_norm"] if c.post_norms else None, keep)
+            w.rope_table = 1 if c.is_local(layer) else 0
+            w.window = c.window(layer)
+
+        self.x, self.xb, self.xb2 = (_f32(_zeros(BLOCK * c.dim), keep), _f32(_zeros(BLOCK * c.dim), keep),
+                                     _f32(_zeros(BLOCK * c.dim), keep))
+        self.q, self.ao = _f32(_zeros(BLOCK * c.q_dim), keep), _f32(_zeros(BLOCK * c.q_dim), keep)
+        self.hb, self.hb2 = _f32(_zeros(BLOCK * c.mlp_dim), keep), _f32(_zeros(BLOCK * c.mlp_dim), keep)
+        widest = max(c.dim, c.q_dim, c.mlp_dim)
+        xq = np.zeros(BLOCK * widest, np.int8)
+        cdef int8_t[::1] xq_view = xq
+        keep.append(xq)
+        self.xq = &xq_view[0]
+        self.xd = _f32(_zeros(BLOCK * (widest // Q8_0_BLOCK + 1)), keep)
+        self.gemm_scratch = _f32(_zeros(max(1, k_gemm_scratch_floats(widest, BLOCK))), keep)
+        self.rope_cos = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
+        self.rope_sin = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
+        logits = _zeros(c.vocab_size)
+        self.out = _f32(logits, keep)
+        self.q_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
+        self.ao_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
+        self.att = _zeros(ATT_TILE * c.n_heads * cache_len)
+        keys = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
+        values = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
+        self.key_cache, self.value_cache = keys, values
+        self.last_logits = _read_only_view(logits)
+        self.cache_keys, self.cache_values = _read_only_view(keys), _read_only_view(values)
+        self._lay_out_trace(c)
+        self.first_bad = ALL_FINITE
+
+    cdef int _lay_out_trace(self, object config) except -1:
+        """Offsets and shapes of every observed op in the trace of one position."""
+        sizes = {op: int(np.prod(op_shape(config, op))) for op in LAYER_TRACE_OPS}
+        offset = 0
+        for i, op in enumerate(LAYER_TRACE_OPS):
+            self.op_offset[i] = offset
+            offset += sizes[op]
+        self.trace_stride = offset
+        self.trace_head = self.dim + self.n_layers * self.trace_stride
+        layout = {(-1, "embed"): (0, op_shape(config, "embed"))}
+        for layer in range(self.n_layers):
+            for i, op in enumerate(LAYER_TRACE_OPS):
+                layout[layer, op] = (self.dim + layer * self.trace_stride + self.op_offset[i],
+                                     op_shape(config, op))
+        layout[self.n_layers, "final_norm"] = (self.trace_head, op_shape(config, "final_norm"))
+        layout[self.n_layers, "logits"] = (self.trace_head + self.dim, op_shape(config, "logits"))
+        buf = _zeros(self.trace_head + self.dim + self.vocab_size)
+        self.trace_buf = buf
+        self.trace = _read_only_view(buf)
+        self.trace_layout = layout  # (layer, op) -> (offset, shape)
+        return 0
+
+    def run(self, ids, Py_ssize_t pos, bint logits=True, bint trace=False):
+        """Run ``ids`` (int32 (n,), n >= 1) at positions pos .. pos+n-1, GIL
+        released. The logits are computed for the last position only, and only
+        when ``logits``; ``trace`` records every intermediate of the position
+        (one position per traced call). IndexError for an id outside the
+        vocabulary or a position outside the cache: the step never sees one.
+
+        Returns n when every position's activations stayed finite; else the
+        index i of the position that went non-finite (it ran whole; positions
+        after it did not run) and first_bad says where.
+        """
+        _array(ids, "ids", np.int32, (1,))
+        cdef const int32_t[::1] tv = ids
+        cdef Py_ssize_t n = tv.shape[0], i, done
+        if n == 0:
+            raise ValueError("run: ids is empty")
+        if trace and n != 1:
+            raise ValueError("run: a traced call runs one position (the trace holds one)")
+        if not 0 <= pos <= self.cache_len - n:
+            raise IndexError(f"run: positions {pos}..{pos + n - 1} outside the KV cache [0, {self.cache_len})")
+        for i in range(n):
+            if not 0 <= tv[i] < self.vocab_size:
+                raise IndexError(f"run: token id {tv[i]} outside the vocabulary [0, {self.vocab_size})")
+        self.tracing = trace
+        try:
+            with nogil:
+                done = self.steps(&tv[0], n, pos, logits)
+        finally:
+            self.tracing = False
+        return done
+
+    def run_token(self, Py_ssize_t token, Py_ssize_t pos):
+        """``run`` of the one id ``token`` at ``pos``, with logits and no trace:
+        a decode step without an ids array to build and check. Returns 1, or
+        0 when the position went non-finite (first_bad says where)."""
+        cdef int32_t tok
+        cdef Py_ssize_t done
+        if not 0 <= pos < self.cache_len:
+            raise IndexError(f"run: positions {pos}..{pos} outside the KV cache [0, {self.cache_len})")
+        if not 0 <= token < self.vocab_size:
+            raise IndexError(f"run: token id {token} outside the vocabulary [0, {self.vocab_size})")
+        tok = <int32_t> token
+        with nogil:
+            done = self.steps(&tok, 1, pos, True)
+        return done
+
+    # -----------------------------------------------------------------------
+    # The forward pass (reads like reference/model.py and reference/layers.py,
+    # each layer over a block of T positions: row t of a (T, width) buffer
+    # is position pos0 + t)
+
+    cdef Py_ssize_t steps(self, const int32_t* ids, Py_ssize_t n, Py_ssize_t pos0,
+                          bint want_logits) except -1 nogil:
+        """Positions pos0 .. pos0+n-1 (prefill, or one decode step) in blocks
+        of BLOCK; logits of the last only. Stops after a block in which a
+        position went non-finite and returns that position's index."""
+        cdef Py_ssize_t lo = 0, t, size
+        while lo < n:
+            size = min(<Py_ssize_t> BLOCK, n - lo)
+            t = self.forward(ids + lo, size, pos0 + lo, want_logits and lo + size == n)
+            if t < size:
+                return lo + t
+            lo += size
+        return n
+
+    cdef Py_ssize_t forward(self, const int32_t* ids, Py_ssize_t T, Py_ssize_t pos0,
+                            bint want_logits) except -1 nogil:
+        """Positions pos0 .. pos0+T-1 (T <= BLOCK): x = embed; x = block(x) for
+        each layer; final_norm and logits (when want_logits) of the last
+        position into self.out. Returns T, or the first position that went
+        non-finite (first_bad says where)."""
+        cdef Py_ssize_t layer, t, half = self.head_dim // 2, dim = self.dim
+        cdef int table
+        for t in range(T):
+            for table in range(2):
+                k_rope_cos_sin(self.rope_cos + (2 * t + table) * half, self.rope_sin + (2 * t + table) * half,
+                               self.head_dim, pos0 + t, self.rope_bases[table])
+            self.embed(self.x + t * dim, ids[t], pos0 + t)  # (dim,)
+            self.bad_at[t] = ALL_FINITE if k_all_finite(self.x + t * dim, dim) else -1
+        self.observe(0, self.x, dim)
+        for layer in range(self.n_layers):
+            self.block(self.x, &self.layers[layer], layer, pos0, T)  # (T, dim)
+            for t in range(T):
+                if self.bad_at[t] == ALL_FINITE and not k_all_finite(self.x + t * dim, dim):
+                    self.bad_at[t] = layer
+        self.final_norm(self.xb, self.x + (T - 1) * dim)  # (dim,)
+        self.observe(self.trace_head, self.xb, dim)
+        if want_logits:
+            self.logits(self.out, self.xb)  # (vocab,)
+            self.observe(self.trace_head + dim, self.out, self.vocab_size)
+        self.first_bad = ALL_FINITE
+        for t in range(T):
+            if self.bad_at[t] != ALL_FINITE:
+                self.first_bad = self.bad_at[t]
+                return t
+        if want_logits and not k_all_finite(self.out, self.vocab_size):
+            self.first_bad = self.n_layers
+            return T - 1
+        return T
+
+    cdef int block(self, float* x, const LayerWeights* w, Py_ssize_t layer, Py_ssize_t pos0,
+                   Py_ssize_t T) except -1 nogil:
+        """One transformer layer on x (T, dim) in place:
+        x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x))."""
+        cdef Py_ssize_t dim = self.dim
+        self.rmsnorm(self.xb, x, w.attn_norm, dim, T)  # (T, dim)
+        self.observe_layer(layer, OP_ATTN_NORM, self.xb, dim)
+        self.attention(self.xb2, self.xb, w, layer, pos0, T)  # (T, dim)
+        if w.post_attn_norm != NULL:
+            self.rmsnorm(self.xb2, self.xb2, w.post_attn_norm, dim, T)
+        self.observe_layer(layer, OP_ATTN, self.xb2, dim)
+        k_add(x, self.xb2, T * dim)
+        self.observe_layer(layer, OP_RESID_ATTN, x, dim)
+
+        self.rmsnorm(self.xb, x, w.ffn_norm, dim, T)  # (T, dim)
+        self.observe_layer(layer, OP_FFN_NORM, self.xb, dim)
+        self.mlp(self.xb2, self.xb, w, T)  # (T, dim)
+        if w.post_ffn_norm != NULL:
+            self.rmsnorm(self.xb2, self.xb2, w.post_ffn_norm, dim, T)
+        self.observe_layer(layer, OP_MLP, self.xb2, dim)
+        k_add(x, self.xb2, T * dim)
+        self.observe_layer(layer, OP_RESID_MLP, x, dim)
+        return 0
+
+    cdef inline void embed(self, float* out, Py_ssize_t token, Py_ssize_t pos) noexcept nogil:
+        """Token row * embed_scale (+ the learned position row): out (dim,).
+        Bit for bit the reference's: the same f32 products and sum."""
+        k_matrix_row(out, &self.embed_tokens, token)
+        if self.embed_scale != 1:
+            k_scale(out, self.embed_scale, self.dim)
+        if self.position_table:
+            k_matrix_row(self.xb2, &self.embed_positions, pos)
+            k_add(out, self.xb2, self.dim)
+
+    cdef inline void rmsnorm(self, float* out, const float* x, const float* gain, Py_ssize_t n,
+                             Py_ssize_t rows) noexcept nogil:
+        """x / sqrt(mean(x^2) + eps) * g, or * (1 + g), of each row: x, out (rows, n), gain (n,)."""
+        cdef Py_ssize_t r
+        for r in range(rows):
+            k_rmsnorm(out + r * n, x + r * n, gain, n, self.norm_eps, self.one_plus)
+
+    cdef inline void rope(self, float* x, Py_ssize_t n_heads, Py_ssize_t t, Py_ssize_t table) noexcept nogil:
+        """Rotates each head of x (n_heads, hd) in place by the angles of
+        position t of the block (table 0: global base, 1: local base)."""
+        cdef Py_ssize_t half = self.head_dim // 2
+        k_rope_apply(x, self.rope_cos + (2 * t + table) * half, self.rope_sin + (2 * t + table) * half,
+                     n_heads, self.head_dim, self.pairing)
+
+    cdef inline void matmul(self, float* out, const QMatrix* w, const float* x, Py_ssize_t T) noexcept nogil:
+        """out (T, w.rows) = x (T, w.cols) . w^T; in q8 mode x is quantized to
+        int8 per block of 32 first."""
+        if self.act_q8:
+            k_quantize_q8(self.xq, self.xd, x, T * w.cols // Q8_0_BLOCK)
+            k_gemm_q8(out, w, self.xq, self.xd, T)
+        else:
+            k_gemm(out, w, x, T, self.gemm_scratch)
+
+    cdef int attention(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t layer,
+                       Py_ssize_t pos0, Py_ssize_t T) except -1 nogil:
+        """Self-attention of one layer over positions pos0 .. pos0+T-1:
+        xn (T, dim) -> out (T, dim).
+
+        k and v of the block are computed straight into the cache rows of its
+        positions (rotated key, raw value); then query head h of position t
+        reads kv head h * nkv // nh over the positions start .. pos0+t of its
+        window (causal: never a later position of the block). The query heads
+        of one kv head over a tile of up to ATT_TILE positions go together,
+        each row's scores and sums taking the steps one position alone takes."""
+        cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads, kvd = self.kv_dim
+        cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, t
+        cdef float* k = &self.key_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
+        cdef float* v = &self.value_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
+        self.matmul(self.q, &w.q_proj, x, T)  # (T, nh, hd)
+        self.matmul(k, &w.k_proj, x, T)  # (T, nkv, hd)
+        self.matmul(v, &w.v_proj, x, T)  # (T, nkv, hd)
+        if w.q_norm != NULL:
+            self.rmsnorm(self.q, self.q, w.q_norm, hd, T * nh)
+            self.rmsnorm(k, k, w.k_norm, hd, T * nkv)
+        for t in range(T):
+            self.rope(self.q + t * qd, nh, t, w.rope_table)
+            self.rope(k + t * kvd, nkv, t, w.rope_table)
+        self.observe_layer(layer, OP_Q, self.q, qd)
+        self.observe_layer(layer, OP_K, k, kvd)
+        self.observe_layer(layer, OP_V, v, kvd)
+
+        cdef Py_ssize_t t0 = 0, n_pos, h, g, n_group
+        while t0 < T:
+            n_pos = ATT_TILE if T - t0 > ATT_TILE else T - t0
+            h = 0
+            while h < nh:
+                g = h * nkv // nh
+                n_group = 1
+                while h + n_group < nh and (h + n_group) * nkv // nh == g:
+                    n_group += 1
+                self.attend_tile(w, layer, self.q + t0 * qd + h * hd, pos0 + t0, n_pos, n_group, g)
+                for t in range(n_pos):
+                    memcpy(self.ao + (t0 + t) * qd + h * hd, self.ao_tile + t * n_group * hd,
+                           n_group * hd * sizeof(float))
+                h += n_group
+            t0 += n_pos
+        self.observe_layer(layer, OP_ATTN_OUT, self.ao, qd)
+        self.matmul(out, &w.o_proj, self.ao, T)  # (T, dim)
+        return 0
+
+    cdef void attend_tile(self, const LayerWeights* w, Py_ssize_t layer, const float* q, Py_ssize_t pos1,
+                          Py_ssize_t n_pos, Py_ssize_t n_group, Py_ssize_t g) noexcept nogil:
+        """n_group query heads that read kv head g, of positions pos1 ..
+        pos1+n_pos-1: q (n_pos rows qd apart, n_group, hd) -> ao_tile
+        (n_pos, n_group, hd).
+
+        Position p sees the cache rows [start_p, p+1), inside the tile's span
+        [lo, hi); every row of q_tile gets scores over the whole span (one
+        pass over the keys), and keeps its own range. The weighted sums of v
+        run in the order of the positions: the rows before c0 (the last
+        position's start) per position, [c0, c1) (seen by every position)
+        for all rows at once, then the rest per position."""
+        cdef Py_ssize_t hd = self.head_dim, kvd = self.kv_dim, qd = self.q_dim, cl = self.cache_len
+        cdef Py_ssize_t rows = n_pos * n_group, p, r, i, start, end, split
+        cdef Py_ssize_t lo = _window_start(pos1, w.window), hi = pos1 + n_pos
+        cdef Py_ssize_t c0 = _window_start(hi - 1, w.window)
+        cdef Py_ssize_t c1 = pos1 + 1 if pos1 + 1 > c0 else c0
+        cdef float* att = &self.att[0]  # (rows, cache_len): row r's score of position lo + i at i
+        cdef float* score
+        cdef const float* keys = &self.key_cache[layer, lo, g, 0]  # key of position lo + i: keys + i * kvd
+        cdef const float* values = &self.value_cache[layer, lo, g, 0]
+        for p in range(n_pos):
+            memcpy(self.q_tile + p * n_group * hd, q + p * qd, n_group * hd * sizeof(float))
+        k_scores(att, cl, self.q_tile, hd, rows, keys, kvd, hi - lo, hd)
+        for p in range(n_pos):
+            start = _window_start(pos1 + p, w.window)
+            for r in range(p * n_group, (p + 1) * n_group):
+                score = att + r * cl + (start - lo)
+                k_scale(score, self.scores_scale, pos1 + p + 1 - start)
+                if self.attn_softcap > 0:
+                    k_softcap(score, pos1 + p + 1 - start, self.attn_softcap)
+                k_softmax(score, pos1 + p + 1 - start)
+        memset(self.ao_tile, 0, rows * hd * sizeof(float))
+        for p in range(n_pos):  # [start, min(end, c0))
+            start = _window_start(pos1 + p, w.window)
+            end = pos1 + p + 1
+            split = end if end < c0 else c0
+            if split > start:
+                k_weighted_rows(self.ao_tile + p * n_group * hd, hd, att + p * n_group * cl + (start - lo), cl,
+                                n_group, values + (start - lo) * kvd, kvd, split - start, hd)
+        if c1 > c0:
+            k_weighted_rows(self.ao_tile, hd, att + (c0 - lo), cl, rows, values + (c0 - lo) * kvd, kvd, c1 - c0, hd)
+        for p in range(n_pos):  # [max(min(end, c0), c1), end)
+            end = pos1 + p + 1
+            split = end if end < c0 else c0
+            split = split if split > c1 else c1
+            if end > split:
+                k_weighted_rows(self.ao_tile + p * n_group * hd, hd, att + p * n_group * cl + (split - lo), cl,
+                                n_group, values + (split - lo) * kvd, kvd, end - split, hd)
+
+    cdef inline void mlp(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t T) noexcept nogil:
+        """Gated MLP: down(act(gate x) * (up x)); xn (T, dim) -> out (T, dim)."""
+        self.matmul(self.hb, &w.gate_proj, x, T)  # (T, mlp)
+        self.matmul(self.hb2, &w.up_proj, x, T)  # (T, mlp)
+        if self.gelu:
+            k_gelu_tanh_mul(self.hb, self.hb, self.hb2, T * self.mlp_dim)
+        else:
+            k_silu_mul(self.hb, self.hb, self.hb2, T * self.mlp_dim)
+        self.matmul(out, &w.down_proj, self.hb, T)  # (T, dim)
+
+    cdef inline void final_norm(self, float* out, const float* x) noexcept nogil:
+        """RMSNorm with the final gain: (dim,) -> out (dim,)."""
+        self.rmsnorm(out, x, self.final_gain, self.dim, 1)
+
+    cdef inline void logits(self, float* out, const float* x) noexcept nogil:
+        """lm_head . x, soft-capped when final_softcap > 0: (dim,) -> out (vocab,)."""
+        self.matmul(out, &self.lm_head, x, 1)
+        if self.final_softcap > 0:
+            k_softcap(out, self.vocab_size, self.final_softcap)
+
+    # -----------------------------------------------------------------------
+    # Trace
+
+    cdef inline int observe(self, Py_ssize_t at, const float* value, Py_ssize_t n) except -1 nogil:
+        """Copy value (n,) to the trace at offset ``at`` when tracing."""
+        if self.tracing:
+            memcpy(&self.trace_buf[at], value, n * sizeof(float))
+        return 0
+
+    cdef inline int observe_layer(self, Py_ssize_t layer, LayerOp op, const float* value,
+                                  Py_ssize_t n) except -1 nogil:
+        return self.observe(self.dim + layer * self.trace_stride + self.op_offset[<int> op], value, n)
+
+
+
+def gemm(tensor, x, str activations="f32", bint resident=False):
+    """out (T, rows) = x (T, cols) . w^T for a weight matrix ``tensor``
+    (Int8Tensor or Q8_0Tensor) the way the forward pass computes a block of
+    T positions (k_gemm, or k_quantize_q8 + k_gemm_q8 when activations is
+    "q8"); ``resident`` picks the in-cache variant. For tests and tools."""
+    keep = []
+    cdef QMatrix m = _qmatrix(tensor, keep, resident)
+    _array(x, "x", np.float32, (2,))
+    if x.shape[1] != m.cols:
+        raise ValueError(f"gemm: x has {x.shape[1]} columns, the matrix {m.cols}")
+    if activations not in ("f32", "q8"):
+        raise ValueError(f"activations = {activations!r}, expected 'f32' or 'q8'")
+    if activations == "q8" and m.cols % Q8_0_BLOCK:
+        raise ValueError(f"gemm: q8 activations need cols % {Q8_0_BLOCK} == 0, got {m.cols}")
+    out = np.empty((x.shape[0], m.rows), np.float32)
+    cdef const float[:, ::1] xv = x
+    cdef float[:, ::1] ov = out
+    cdef Py_ssize_t T = x.shape[0], nb = m.cols // Q8_0_BLOCK
+    xq = np.empty(max(1, T * m.cols), np.int8)
+    xd = np.empty(max(1, T * nb), np.float32)
+    scratch = np.empty(max(1, k_gemm_scratch_floats(m.cols, T)), np.float32)
+    cdef int8_t[::1] xqv = xq
+    cdef float[::1] xdv = xd
+    cdef float[::1] sv = scratch
+    cdef bint q8 = activations == "q8"  # (a str compare must not run without the GIL)
+    if T == 0 or m.rows == 0:
+        return out
+    if m.cols == 0:
+        out[:] = 0
+        return out
+    with nogil:
+        if q8:
+            k_quantize_q8(&xqv[0], &xdv[0], &xv[0, 0], T * nb)
+            k_gemm_q8(&ov[0, 0], &m, &xqv[0], &xdv[0], T)
+        else:
+            k_gemm(&ov[0, 0], &m, &xv[0, 0], T, &sv[0])
+    return out

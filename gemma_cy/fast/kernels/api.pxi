@@ -1,0 +1,188 @@
+# The C interface of every gemma_cy.fast.simd_<isa> module: each module's .pxd
+# includes this file, so Cython checks every ISA's definitions against these
+# prototypes, and a later Cython module can `from gemma_cy.fast.simd_avx2 cimport ...`
+# (or include the kernels and get them inlined).
+#
+# Conventions (llama2.c's): outputs first, then inputs, then sizes. Pointers are
+# raw and trusted (no checks: the def wrappers in common.pxi validate); int8
+# rows may start at any byte address; f32 pointers need only 4-byte alignment.
+# An output may be the same pointer as an input of the same shape (in-place)
+# except in the GEMVs (k_gemv_*, k_matvec), where out must not overlap x.
+
+from libc.stdint cimport int8_t, uint8_t, uint16_t
+
+# How a quantized matrix is stored; k_matvec and k_matrix_row pick the kernel.
+cdef enum QLayout:
+    QLAYOUT_I8_TENSOR = 0  # int8, one f32 scale for the whole tensor (GMW1, docs/formats.md#int8-per-tensor-quantization)
+    QLAYOUT_Q8_0 = 1  # llama.cpp's Q8_0: int8 with one f16 scale per block of 32 (GGUF)
+
+# Q8_0: each run of 32 values of a row is one block of 34 bytes, the f16 scale
+# d (little-endian) then the 32 int8 q; a row is cols / 32 blocks back to back,
+# rows back to back. Blocks start at any byte address (a GGUF tensor starts
+# 32-byte aligned; its 34-byte blocks do not stay so). Dequantized value =
+# f32(d) * q.
+cdef enum:
+    Q8_0_BLOCK = 32  # values per block
+    Q8_0_BYTES = 34  # bytes per block
+
+# A weight matrix (rows, cols) as the kernels see it: a zero-copy pointer
+# into the (memory-mapped, read-only) file, its scale and its layout.
+cdef struct QMatrix:
+    const int8_t* q  # QLAYOUT_I8_TENSOR: (rows, cols) row-major, rows back to back, any start address
+    const uint8_t* blocks  # QLAYOUT_Q8_0: (rows, cols / 32, 34) bytes, any start address
+    float scale  # QLAYOUT_I8_TENSOR: the one scale of the tensor
+    Py_ssize_t rows
+    Py_ssize_t cols  # QLAYOUT_Q8_0: a multiple of 32
+    QLayout layout
+    bint resident  # expected in cache (the whole model fits the last-level cache): see k_gemv_i8_resident
+
+cdef enum RopePairing:
+    ROPE_INTERLEAVED = 0  # pair j is (x[2j], x[2j+1])        (seed, docs/model.md#the-seed-model-gmw1)
+    ROPE_HALF_SPLIT = 1   # pair j is (x[j], x[j + head_dim/2]) (Gemma, docs/model.md#gemma-3)
+
+# (sum_i q[i] * x[i]) * scale: f32 products and sums, scale applied once after
+# the sum (docs/formats.md#int8-per-tensor-quantization). q (n,) int8, x (n,) f32.
+cdef float k_dot_i8(const int8_t* q, const float* x, Py_ssize_t n, float scale) noexcept nogil
+
+# out[r] = k_dot_i8(q + r*cols, x, cols, scale) bit for bit (one summation
+# order per module, however many rows a kernel runs at once): q (rows, cols)
+# int8 row-major with rows back to back, x (cols,), out (rows,).
+cdef void k_gemv_i8(float* out, const int8_t* q, float scale, const float* x,
+                    Py_ssize_t rows, Py_ssize_t cols) noexcept nogil
+
+# k_gemv_i8 bit for bit, for a matrix the caller expects in cache (a model
+# whose weights fit the last-level cache, read again every step): a module
+# may run several rows at once there, sharing the loads of x, which pays in
+# cache and costs when the rows stream from DRAM. k_matvec calls it for a
+# QMatrix marked resident.
+cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const float* x,
+                             Py_ssize_t rows, Py_ssize_t cols) noexcept nogil
+
+# sum_b f32(d_b) * (sum_{i < 32} q_b[i] * x[32 b + i]) over the n_blocks Q8_0
+# blocks of one row (34 bytes each, any address), x (32 * n_blocks,): each
+# block's products summed in f32 first, then scaled by its d (the order of
+# each module is written in its dot_<isa>.pxi).
+cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil
+
+# out[r] = k_dot_q8_0(blocks + r * n_blocks * 34, x, n_blocks) bit for bit:
+# blocks (rows, n_blocks, 34), x (32 * n_blocks,), out (rows,).
+cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
+                      Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil
+
+# out (w.rows,) = dequantized w . x (cols,), whatever w's layout; out must
+# not overlap x.
+cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil
+
+# out (n_tokens, w.rows) = x (n_tokens, w.cols) . dequantized w^T, row-major
+# (a prefill's projection of a block of positions): out[t, r] is
+# k_matvec's out[r] for x[t] bit for bit (the same dot product per row and
+# token; rows are read once per tile of tokens, so a block costs one pass
+# over the weights instead of one per token). out must not overlap x.
+# scratch: at least k_gemm_scratch_floats(w.cols, n_tokens) floats the module
+# may overwrite (the caller allocates it once: no allocation in a step).
+cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
+                 float* scratch) noexcept nogil
+
+# The f32 scratch k_gemm of this module needs for n_tokens positions of a
+# matrix with cols columns (0: none).
+cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil
+
+# --- int8 activations (the opt-in "q8" mode; docs/numerics.md#activation-modes: the reference
+# quantizes the same way, gemma_cy.quant.quantize_activations_q8) ---
+#
+# Each run of 32 activations gets one f32 scale d = max|x| / 127 (f32
+# division) and q = rint(x * (1/d)) (f32 product, round half to even;
+# d == 0 gives q = 0): x (32 * n_blocks,) -> q (32 * n_blocks,), d (n_blocks,).
+cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks) noexcept nogil
+
+# f32((sum_b f64(isum_b) * f64(xd[b])) * f64(scale)), isum_b = sum_{i<32}
+# w[32b+i] * xq[32b+i]: an int8 row with one scale (GMW1) times quantized
+# activations. Each block's integer sum is exact, its product with the
+# block's scale exact in f64, the f64 sum runs block after block and is
+# rounded once: one order in every module and in the reference
+# (reference.layers.Q8Matrix), so the q8 products agree bit for bit.
+cdef float k_dot_i8_q8(const int8_t* w, const int8_t* xq, const float* xd, Py_ssize_t n_blocks,
+                       float scale) noexcept nogil
+
+# f32(sum_b f64(isum_b) * f64(f32(f32(d_b) * xd[b]))): one row of Q8_0
+# blocks times quantized activations (llama.cpp's vec_dot_q8_0_q8_0 with an
+# f32 activation scale, summed in f64 as k_dot_i8_q8).
+cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* xd,
+                         Py_ssize_t n_blocks) noexcept nogil
+
+# k_gemm over quantized activations: xq (n_tokens, w.cols) int8, xd
+# (n_tokens, w.cols / 32); out[t, r] = k_dot_*_q8 of row r and token t.
+# w.cols must be a multiple of 32.
+cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
+                    Py_ssize_t n_tokens) noexcept nogil
+
+# out (w.cols,) = row ``row`` of w dequantized (an embedding lookup).
+cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil
+
+# sum_i a[i] * b[i] in f32, a, b (n,): one score of k_scores, in its order.
+cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil
+
+# Attention scores: out[r * out_stride + i] = q_r . key_i for the m query
+# rows q + r * q_stride and the n_keys keys + i * key_stride, each of n
+# values; every score in one order, whatever the rows and keys of the call
+# (8 lanes over the whole 8s, summed by _sum8, then the last < 8 products in
+# order), so a score's bits do not depend on how attention groups its work.
+cdef void k_scores(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
+                   const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys, Py_ssize_t n) noexcept nogil
+
+# y += a * x (the weighted sum of v), x, y (n,).
+cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil
+
+# y_r (n,) += sum_i w[r * w_stride + i] * x_i for r < m, over the rows x_i =
+# x + i * x_stride, i < n_x: each value takes k_axpy's steps in the order of i,
+# so a sum split over calls has the bits of one call (the attention output of
+# the query heads of one kv head: x read once per 4 rows).
+cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                          const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil
+
+# x *= s in place (the embedding scale), x (n,).
+cdef void k_scale(float* x, float s, Py_ssize_t n) noexcept nogil
+
+# x = cap * tanh(x / cap) in place (Gemma 2's soft-cap), in f64 rounded once; cap > 0.
+cdef void k_softcap(float* x, Py_ssize_t n, float cap) noexcept nogil
+
+# True when every x[i] (n,) is finite (no NaN, no +-inf).
+cdef bint k_all_finite(const float* x, Py_ssize_t n) noexcept nogil
+
+# out = x / sqrt(mean(x^2) + eps) * g, or * (1 + g) when one_plus (Gemma).
+# x, g, out (n,); the sum of squares and the 1/sqrt are in f64.
+cdef void k_rmsnorm(float* out, const float* x, const float* g, Py_ssize_t n,
+                    double eps, bint one_plus) noexcept nogil
+
+# cos[j], sin[j] of pos * base^(-2j/head_dim), j < head_dim/2: computed in f64
+# and rounded once to f32 (as reference.layers.rope_cos_sin).
+cdef void k_rope_cos_sin(float* cos_out, float* sin_out, Py_ssize_t head_dim,
+                         Py_ssize_t pos, double base) noexcept nogil
+
+# Rotates in place every pair (a, b) of each head of x (n_heads, head_dim):
+# (a, b) -> (a cos_j - b sin_j, a sin_j + b cos_j), pairs chosen by `pairing`.
+cdef void k_rope_apply(float* x, const float* cos_t, const float* sin_t, Py_ssize_t n_heads,
+                       Py_ssize_t head_dim, RopePairing pairing) noexcept nogil
+
+# Stable softmax of x (n,) in place: exp(x - max) / sum, the sum in f64.
+cdef void k_softmax(float* x, Py_ssize_t n) noexcept nogil
+
+# out = act(gate) * up, act computed in f64 without libm (a vectorized e^x) and
+# the product rounded once to f32: the correctly rounded f32 but within ~1e-6
+# ulp of a tie. NaN in gives NaN, a -inf gate NaN (-inf * 0, as the reference).
+cdef void k_silu_mul(float* out, const float* gate, const float* up, Py_ssize_t n) noexcept nogil
+cdef void k_gelu_tanh_mul(float* out, const float* gate, const float* up, Py_ssize_t n) noexcept nogil
+
+# x += y (the residual add), x, y (n,).
+cdef void k_add(float* x, const float* y, Py_ssize_t n) noexcept nogil
+
+# out = q * scale (one f32 product each: bit-exact with NumPy's q.astype(f32) * scale).
+cdef void k_dequantize_i8(float* out, const int8_t* q, float scale, Py_ssize_t n) noexcept nogil
+
+# out (32 * n_blocks,) = f32(d) * q of each Q8_0 block (one f32 product each:
+# bit-exact with gemma_cy.quant.dequantize_q8_0).
+cdef void k_dequantize_q8_0(float* out, const uint8_t* blocks, Py_ssize_t n_blocks) noexcept nogil
+
+# The f32 value of the IEEE binary16 with bits h (exact: every f16 is an f32),
+# by bit manipulation (no F16C needed).
+cdef float k_f16_to_f32(uint16_t h) noexcept nogil

@@ -1,0 +1,926 @@
+# Everything of a simd_<isa> module but the quantized dot products and GEMVs
+# (k_dot_i8, k_gemv_i8, k_dot_q8_0, k_gemv_q8_0: each ISA writes them with its
+# own intrinsics, in dot_<isa>.pxi): the C-level kernels in typed Cython,
+# vectorized by the compiler for the module's -m flags, and the def wrappers
+# that validate their arguments, release the GIL and call them.
+#
+# The elementwise kernels stay in f32 like the NumPy reference
+# (reference/layers.py), except where f64 costs nothing and removes our
+# rounding from the comparison: the sums of rmsnorm and softmax, the RoPE
+# angles, and the activations.
+
+from libc.math cimport cos, pow, sin, sqrt, tanh
+from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcpy
+
+import numpy as np
+
+cdef extern from *:
+    void __builtin_prefetch(const void* p) nogil  # gcc/clang: a hint that never faults
+
+# The GEMVs ask for the row this many rows ahead while they read the current
+# one: one forward stream alone does not keep enough DRAM reads in flight
+# (measured on Zen 3, 262144 x 640: ~+20%; within the noise when cached).
+cdef enum:
+    GEMV_PREFETCH_ROWS = 8
+    GEMM_TOKEN_TILE = 16  # positions per pass over a matrix in k_gemm (see there)
+cdef double SQRT_2_OVER_PI = 0.7978845608028654  # sqrt(2/pi) of GELU's tanh approximation
+cdef double GELU_CUBIC = 0.044715
+# e^x (_exp: the activations' sigmoid, softmax): x = n ln 2 + r with n = round(x / ln 2)
+# and |r| <= ln2 / 2, e^x = 2^n e^r (Cody-Waite). Adding 1.5 * 2^52 rounds
+# x / ln 2 to an integer n and leaves n in the low bits of the sum; ln 2 is
+# split in two (LN2_HI has 32 significant bits, so n * LN2_HI is exact for
+# |n| < 2^21) so that r keeps its digits.
+cdef double LOG2_E = 1.4426950408889634
+cdef double ROUND_MAGIC = 6755399441055744.0  # 1.5 * 2^52
+cdef double LN2_HI = 6.93147180369123816490e-01  # 0x3fe62e42fee00000
+cdef double LN2_LO = 1.90821492927058770002e-10  # ln 2 - LN2_HI
+# sigmoid(t) = 1 / (1 + e^-t) is taken as exactly 0 below SIGMOID_ZERO_BELOW:
+# there it is under e^-708 ~ 3e-308, and g * sigmoid * up (|g|, |up| <= f32
+# max ~ 3.4e38) under 4e-231, which rounds to a signed zero in f32. Above it
+# sigmoid stays a normal f64 (no subnormal slow path).
+cdef double SIGMOID_ZERO_BELOW = -708.0
+cdef double EXP_TO_INF = 710.0  # n = 1024: the exponent bits of 2^n are those of +inf
+# e^x rounds to 0 in f32 below this (e^-200 ~ 1e-87, under half the smallest
+# f32 subnormal); softmax clamps its exponents here, inside _exp's range.
+cdef float SOFTMAX_ZERO_BELOW = -200.0
+
+
+cdef inline float _sum8(const float* v) noexcept nogil:
+    """v[0] + ... + v[7] in a fixed pairwise order (lanes i and i+4 first)."""
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
+
+
+# ---------------------------------------------------------------------------
+# C-level kernels (prototypes and contracts: api.pxi)
+
+
+cdef inline void _prefetch_row(const void* row, Py_ssize_t row_bytes) noexcept nogil:
+    """Hints for the row GEMV_PREFETCH_ROWS rows after ``row`` (rows of
+    row_bytes, back to back), one per 64-byte line; past the end of the
+    matrix they are harmless (a hint never faults)."""
+    cdef const char* ahead = <const char*> row + GEMV_PREFETCH_ROWS * row_bytes
+    cdef Py_ssize_t b
+    for b in range(0, row_bytes, 64):
+        __builtin_prefetch(ahead + b)
+
+
+cdef inline void _prefetch_rows(const float* rows, Py_ssize_t n_rows, Py_ssize_t stride,
+                                Py_ssize_t n) noexcept nogil:
+    """Hints for n_rows rows of n floats, stride floats apart (attention's
+    next keys or values: at decode the cache comes from DRAM, and its rows
+    are read in short strided runs the hardware prefetcher does not follow
+    far enough ahead)."""
+    cdef Py_ssize_t i, b
+    for i in range(n_rows):
+        for b in range(0, n, 16):
+            __builtin_prefetch(rows + i * stride + b)
+
+
+cdef void _gemv_i8_rows(float* out, const int8_t* q, float scale, const float* x,
+                        Py_ssize_t rows, Py_ssize_t cols) noexcept nogil:
+    """k_gemv_i8 one row at a time (k_dot_i8 each), prefetching ahead."""
+    cdef Py_ssize_t r
+    for r in range(rows):
+        _prefetch_row(q + r * cols, cols)
+        out[r] = k_dot_i8(q + r * cols, x, cols, scale)
+
+
+cdef void _gemv_q8_0_rows(float* out, const uint8_t* blocks, const float* x,
+                          Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil:
+    """k_gemv_q8_0 one row at a time (k_dot_q8_0 each), prefetching ahead."""
+    cdef Py_ssize_t r, row_bytes = n_blocks * Q8_0_BYTES
+    for r in range(rows):
+        _prefetch_row(blocks + r * row_bytes, row_bytes)
+        out[r] = k_dot_q8_0(blocks + r * row_bytes, x, n_blocks)
+
+
+cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    if w.layout == QLAYOUT_I8_TENSOR:
+        if w.resident:
+            k_gemv_i8_resident(out, w.q, w.scale, x, w.rows, w.cols)
+        else:
+            k_gemv_i8(out, w.q, w.scale, x, w.rows, w.cols)
+    elif w.layout == QLAYOUT_Q8_0:
+        k_gemv_q8_0(out, w.blocks, x, w.rows, w.cols // Q8_0_BLOCK)
+
+
+cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
+                 float* scratch) noexcept nogil:
+    if n_tokens == 1:
+        k_matvec(out, w, x)
+    else:
+        _gemm(out, w, x, n_tokens, scratch)  # each module's own (dot_<isa>.pxi)
+
+
+cdef void _gemm_by_rows(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens) noexcept nogil:
+    """k_gemm for the modules (and matrices) without a blocked kernel: tokens in
+    tiles of GEMM_TOKEN_TILE, each row read once per tile (from DRAM or L3;
+    it stays in L1 for the tile's tokens, whose activations stay in L2) and
+    multiplied with each of the tile's tokens by the module's dot product."""
+    cdef Py_ssize_t t0 = 0, t, tn, r, rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
+    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
+    while t0 < n_tokens:
+        tn = min(<Py_ssize_t> GEMM_TOKEN_TILE, n_tokens - t0)
+        for r in range(rows):
+            if w.layout == QLAYOUT_I8_TENSOR:
+                _prefetch_row(w.q + r * cols, cols)
+                for t in range(t0, t0 + tn):
+                    out[t * rows + r] = k_dot_i8(w.q + r * cols, x + t * cols, cols, w.scale)
+            else:
+                _prefetch_row(w.blocks + r * row_bytes, row_bytes)
+                for t in range(t0, t0 + tn):
+                    out[t * rows + r] = k_dot_q8_0(w.blocks + r * row_bytes, x + t * cols, nb)
+        t0 += tn
+
+
+cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
+                    Py_ssize_t n_tokens) noexcept nogil:
+    # as k_gemm: tiles of tokens, each group of four rows read once per tile;
+    # one token from DRAM (decode): row after row, as the f32 GEMV
+    cdef Py_ssize_t t0 = 0, t, tn, r, i, n, rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
+    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if w.layout == QLAYOUT_Q8_0 else cols
+    cdef const uint8_t* base = w.blocks if w.layout == QLAYOUT_Q8_0 else <const uint8_t*> w.q
+    if n_tokens == 1 and not w.resident:
+        for r in range(rows):
+            _prefetch_row(base + r * row_bytes, row_bytes)
+            _dot_rows_q8(out + r, w, r, 1, xq, xd)
+        return
+    while t0 < n_tokens:
+        tn = min(<Py_ssize_t> GEMM_TOKEN_TILE, n_tokens - t0)
+        for r in range(0, rows, 4):
+            n = min(4, rows - r)
+            if not w.resident:  # a model that stays in cache: the hints cost more than they give
+                for i in range(n):
+                    _prefetch_row(base + (r + i) * row_bytes, row_bytes)
+            for t in range(t0, t0 + tn):
+                _dot_rows_q8(out + t * rows + r, w, r, n, xq + t * cols, xd + t * nb)
+        t0 += tn
+
+
+cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:
+    cdef Py_ssize_t nb
+    if w.layout == QLAYOUT_I8_TENSOR:
+        k_dequantize_i8(out, w.q + row * w.cols, w.scale, w.cols)
+    elif w.layout == QLAYOUT_Q8_0:
+        nb = w.cols // Q8_0_BLOCK
+        k_dequantize_q8_0(out, w.blocks + row * nb * Q8_0_BYTES, nb)
+
+
+cdef inline uint16_t _load_u16(const uint8_t* p) noexcept nogil:
+    """The little-endian u16 at p (any alignment, any host byte order)."""
+    return <uint16_t> (p[0] | (p[1] << 8))
+
+
+cdef float k_f16_to_f32(uint16_t h) noexcept nogil:
+    # binary16: sign 1, exponent 5 (bias 15), mantissa 10; binary32: 1, 8 (127), 23
+    cdef uint32_t sign = (<uint32_t> (h & 0x8000)) << 16
+    cdef uint32_t exponent = (h >> 10) & 0x1f
+    cdef uint32_t mantissa = h & 0x3ff
+    cdef uint32_t bits
+    cdef float f
+    if exponent == 0:  # zero or subnormal: mantissa * 2^-24, exact in f32
+        f = <float> mantissa * <float> 5.9604644775390625e-08
+        return -f if sign else f
+    if exponent == 0x1f:  # inf, NaN (payload kept)
+        bits = sign | 0x7f800000 | (mantissa << 13)
+    else:
+        bits = sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13)
+    memcpy(&f, &bits, 4)
+    return f
+
+
+cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
+    return _score(a, b, n)  # one attention score: the same bits as k_scores gives
+
+
+cdef inline float _score_portable(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
+    """One score of k_scores: 8 lane sums over the whole 8s, _sum8, the tail
+    (a module's _score when it has none of its own)."""
+    cdef float acc[8]
+    cdef Py_ssize_t j = 0, l
+    cdef float s
+    for l in range(8):
+        acc[l] = 0
+    while j + 8 <= n:
+        for l in range(8):
+            acc[l] += q[j + l] * key[j + l]
+        j += 8
+    s = _sum8(acc)
+    while j < n:
+        s += q[j] * key[j]
+        j += 1
+    return s
+
+
+cdef inline void _scores8_portable(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
+                                   Py_ssize_t n) noexcept nogil:
+    """out[0:8] = _score_portable(q, keys + k * key_stride, n) for 8 keys, bit for bit:
+    each 8 query values loaded once for the 8 keys, 8 independent chains (a
+    module's _scores8 when it has none of its own)."""
+    cdef float acc[8][8]  # (key, lane)
+    cdef Py_ssize_t j = 0, k, l
+    cdef float s
+    for k in range(8):
+        for l in range(8):
+            acc[k][l] = 0
+    while j + 8 <= n:
+        for k in range(8):
+            for l in range(8):
+                acc[k][l] += q[j + l] * keys[k * key_stride + j + l]
+        j += 8
+    for k in range(8):
+        s = _sum8(acc[k])
+        for l in range(j, n):
+            s += q[l] * keys[k * key_stride + l]
+        out[k] = s
+
+
+cdef void k_scores(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
+                   const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys, Py_ssize_t n) noexcept nogil:
+    # Keys outermost: 8 keys (8 KB at head_dim 256) stay in L1 while every
+    # query row passes over them; rows outermost streamed the whole span of
+    # keys from L2 once per row.
+    cdef Py_ssize_t r, i = 0
+    while i + 8 <= n_keys:
+        _prefetch_rows(keys + (i + 16) * key_stride, min(8, n_keys - i - 16), key_stride, n)
+        for r in range(m):
+            _scores8(out + r * out_stride + i, q + r * q_stride, keys + i * key_stride, key_stride, n)
+        i += 8
+    while i < n_keys:
+        for r in range(m):
+            out[r * out_stride + i] = _score(q + r * q_stride, keys + i * key_stride, n)
+        i += 1
+
+
+cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        y[i] += a * x[i]
+
+
+cdef enum:
+    WEIGHTED_ROWS_PASS = 16  # x rows per pass of k_weighted_rows (16 KB at 256 columns: L1)
+
+
+cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                          const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    # In passes of WEIGHTED_ROWS_PASS x rows: a pass's rows stay in L1 while
+    # every group of output rows and columns goes over them, where one pass
+    # over all of x read it from L2 once per group. A sum split over passes
+    # has the bits of one pass (see _weighted_rows_pass).
+    cdef Py_ssize_t i = 0, k
+    while i < n_x:
+        k = min(<Py_ssize_t> WEIGHTED_ROWS_PASS, n_x - i)
+        _prefetch_rows(x + (i + k) * x_stride, min(<Py_ssize_t> WEIGHTED_ROWS_PASS, n_x - i - k), x_stride, n)
+        _weighted_rows_pass(y, y_stride, w + i, w_stride, m, x + i * x_stride, x_stride, k, n)
+        i += k
+
+
+cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                              const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    # 16 columns of up to four output rows stay in registers while the x rows
+    # stream past once. Every value takes k_axpy's steps, y += w * x in the
+    # order of i (the tail columns are k_axpy itself), whichever rows share a
+    # pass: a sum split over several calls has the bits of one call.
+    cdef float acc[4][16]
+    cdef float wide[64]
+    cdef const float* xi
+    cdef float w0, w1, w2, w3
+    cdef Py_ssize_t r = 0, c, i, j, k
+    while r + 4 <= m:
+        c = 0
+        while c + 16 <= n:
+            for k in range(4):
+                memcpy(acc[k], y + (r + k) * y_stride + c, 16 * sizeof(float))
+            for i in range(n_x):
+                xi = x + i * x_stride + c
+                w0 = w[r * w_stride + i]
+                w1 = w[(r + 1) * w_stride + i]
+                w2 = w[(r + 2) * w_stride + i]
+                w3 = w[(r + 3) * w_stride + i]
+                for j in range(16):
+                    acc[0][j] += w0 * xi[j]
+                    acc[1][j] += w1 * xi[j]
+                    acc[2][j] += w2 * xi[j]
+                    acc[3][j] += w3 * xi[j]
+            for k in range(4):
+                memcpy(y + (r + k) * y_stride + c, acc[k], 16 * sizeof(float))
+            c += 16
+        r += 4
+    while r < m:  # one row: 64 columns at a time (8 independent chains; 16 would be latency-bound)
+        c = 0
+        while c + 64 <= n:
+            memcpy(wide, y + r * y_stride + c, 64 * sizeof(float))
+            for i in range(n_x):
+                xi = x + i * x_stride + c
+                w0 = w[r * w_stride + i]
+                for j in range(64):
+                    wide[j] += w0 * xi[j]
+            memcpy(y + r * y_stride + c, wide, 64 * sizeof(float))
+            c += 64
+        while c + 16 <= n:
+            memcpy(acc[0], y + r * y_stride + c, 16 * sizeof(float))
+            for i in range(n_x):
+                xi = x + i * x_stride + c
+                w0 = w[r * w_stride + i]
+                for j in range(16):
+                    acc[0][j] += w0 * xi[j]
+            memcpy(y + r * y_stride + c, acc[0], 16 * sizeof(float))
+            c += 16
+        r += 1
+    c = n - n % 16
+    if c < n:
+        for r in range(m):
+            for i in range(n_x):
+                k_axpy(y + r * y_stride + c, w[r * w_stride + i], x + i * x_stride + c, n - c)
+
+
+cdef void k_scale(float* x, float s, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        x[i] *= s
+
+
+cdef void k_softcap(float* x, Py_ssize_t n, float cap) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef double c = cap
+    for i in range(n):
+        x[i] = <float> (c * tanh(x[i] / c))
+
+
+cdef bint k_all_finite(const float* x, Py_ssize_t n) noexcept nogil:
+    # x - x is 0 for every finite x and NaN for NaN and +-inf
+    cdef float s = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        s += x[i] - x[i]
+    return s == 0
+
+
+cdef void k_rmsnorm(float* out, const float* x, const float* g, Py_ssize_t n,
+                    double eps, bint one_plus) noexcept nogil:
+    # The sum of squares in 8 f64 lanes (each square exact; one running sum
+    # was a chain of dependent adds, 4 cycles per value).
+    cdef double lanes[8]
+    cdef double ss
+    cdef float inv
+    cdef Py_ssize_t i = 0, l
+    for l in range(8):
+        lanes[l] = 0
+    while i + 8 <= n:
+        for l in range(8):
+            lanes[l] += <double> x[i + l] * x[i + l]
+        i += 8
+    ss = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+    while i < n:
+        ss += <double> x[i] * x[i]
+        i += 1
+    inv = <float> (1.0 / sqrt(ss / n + eps))
+    if one_plus:
+        for i in range(n):
+            out[i] = (x[i] * inv) * (<float> 1 + g[i])
+    else:
+        for i in range(n):
+            out[i] = (x[i] * inv) * g[i]
+
+
+cdef void k_rope_cos_sin(float* cos_out, float* sin_out, Py_ssize_t head_dim,
+                         Py_ssize_t pos, double base) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef double angle
+    for j in range(head_dim // 2):
+        angle = pos * pow(base, -2.0 * j / head_dim)
+        cos_out[j] = <float> cos(angle)
+        sin_out[j] = <float> sin(angle)
+
+
+cdef void k_rope_apply(float* x, const float* cos_t, const float* sin_t, Py_ssize_t n_heads,
+                       Py_ssize_t head_dim, RopePairing pairing) noexcept nogil:
+    cdef Py_ssize_t half = head_dim // 2, h, j, ia, ib
+    cdef float a, b
+    cdef float* head
+    for h in range(n_heads):
+        head = x + h * head_dim
+        for j in range(half):
+            if pairing == ROPE_INTERLEAVED:
+                ia = 2 * j
+                ib = 2 * j + 1
+            else:
+                ia = j
+                ib = j + half
+            a = head[ia]
+            b = head[ib]
+            head[ia] = a * cos_t[j] - b * sin_t[j]
+            head[ib] = a * sin_t[j] + b * cos_t[j]
+
+
+cdef void k_softmax(float* x, Py_ssize_t n) noexcept nogil:
+    cdef float m, t
+    cdef double total = 0, inv
+    cdef Py_ssize_t i
+    if n <= 0:
+        return
+    m = x[0]
+    for i in range(1, n):
+        if x[i] > m:
+            m = x[i]
+    for i in range(n):  # vectorized: no libm call
+        t = x[i] - m  # <= 0, or NaN (stays NaN: the select below keeps it)
+        x[i] = <float> _exp(t if not t < SOFTMAX_ZERO_BELOW else SOFTMAX_ZERO_BELOW)
+    for i in range(n):
+        total += x[i]
+    inv = 1.0 / total
+    for i in range(n):
+        x[i] = <float> (x[i] * inv)
+
+
+cdef inline double _exp(double x) noexcept nogil:
+    """e^x for SIGMOID_ZERO_BELOW <= x < EXP_TO_INF (e^x is +inf at
+    EXP_TO_INF; NaN gives NaN) with a relative error below 1e-14: plain
+    arithmetic, no libm call and no branch, so the callers' loops vectorize
+    (gcc refuses to under -ftrapping-math when arithmetic sits in a branch)."""
+    cdef double k, n, r, p, scale
+    cdef uint64_t bits
+    k = x * LOG2_E + ROUND_MAGIC
+    n = k - ROUND_MAGIC
+    r = (x - n * LN2_HI) - n * LN2_LO
+    # e^r by its Taylor series to r^11: the remainder is below
+    # (ln2/2)^12 / 12! < 7e-15 relative.
+    p = 1.0 + r * (1.0 + r * (1.0 / 2 + r * (1.0 / 6 + r * (1.0 / 24 + r * (
+        1.0 / 120 + r * (1.0 / 720 + r * (1.0 / 5040 + r * (1.0 / 40320 + r * (
+            1.0 / 362880 + r * (1.0 / 3628800 + r * (1.0 / 39916800)))))))))))
+    # 2^n: its exponent field n + 1023 (1..2047) from the low bits of k; the
+    # shift drops the bits of ROUND_MAGIC.
+    memcpy(&bits, &k, 8)
+    bits = (bits + 1023) << 52
+    memcpy(&scale, &bits, 8)
+    return p * scale
+
+
+cdef inline double _sigmoid(double t) noexcept nogil:
+    """sigmoid(t) = 1 / (1 + e^-t) with a relative error below 1e-14; exactly
+    0 below SIGMOID_ZERO_BELOW (and for NaN: the callers' factor g carries
+    the NaN), 1 for t = +inf. Two selects on the input, then _exp."""
+    cdef double x = -t
+    x = x if x < -SIGMOID_ZERO_BELOW else EXP_TO_INF  # 2^n = +inf: 1 / (1 + inf) = 0
+    x = x if x > SIGMOID_ZERO_BELOW else SIGMOID_ZERO_BELOW  # e^x < 2^-1021: 1 + e^x = 1
+    return 1.0 / (1.0 + _exp(x))
+
+
+cdef void k_silu_mul(float* out, const float* gate, const float* up, Py_ssize_t n) noexcept nogil:
+    # silu(g) = g sigmoid(g)
+    cdef double g
+    cdef Py_ssize_t i
+    for i in range(n):
+        g = gate[i]
+        out[i] = <float> (g * _sigmoid(g) * up[i])
+
+
+cdef void k_gelu_tanh_mul(float* out, const float* gate, const float* up, Py_ssize_t n) noexcept nogil:
+    # 0.5 g (1 + tanh(u)) = g sigmoid(2u), u = sqrt(2/pi) (g + 0.044715 g^3): the
+    # same function without the cancellation of 1 + tanh(u) for g < 0.
+    cdef double g
+    cdef Py_ssize_t i
+    for i in range(n):
+        g = gate[i]
+        out[i] = <float> (g * _sigmoid(2.0 * SQRT_2_OVER_PI * (g + GELU_CUBIC * g * g * g)) * up[i])
+
+
+cdef void k_add(float* x, const float* y, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        x[i] += y[i]
+
+
+cdef void k_dequantize_i8(float* out, const int8_t* q, float scale, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        out[i] = q[i] * scale
+
+
+cdef void k_dequantize_q8_0(float* out, const uint8_t* blocks, Py_ssize_t n_blocks) noexcept nogil:
+    cdef Py_ssize_t b, i
+    cdef float d
+    cdef const int8_t* q
+    for b in range(n_blocks):
+        d = k_f16_to_f32(_load_u16(blocks + b * Q8_0_BYTES))
+        q = <const int8_t*> (blocks + b * Q8_0_BYTES + 2)
+        for i in range(Q8_0_BLOCK):
+            out[b * Q8_0_BLOCK + i] = q[i] * d
+
+
+# ---------------------------------------------------------------------------
+# Validation shared by the def wrappers
+
+
+cdef object _array(object a, str what, object dtype, tuple ndims):
+    """a itself when it is a C-contiguous ndarray of ``dtype`` with one of
+    ``ndims`` dimensions; else TypeError (type, dtype) or ValueError."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise TypeError(f"{what} must have dtype {np.dtype(dtype)}, got {a.dtype}")
+    if a.ndim not in ndims:
+        raise ValueError(f"{what} must have {' or '.join(map(str, ndims))} dimensions, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    if not a.flags.aligned:
+        raise ValueError(f"{what} is not aligned to its {a.dtype.itemsize}-byte items")
+    return a
+
+
+cdef object _out(object out, tuple shape, tuple inputs):
+    """The f32 output array: a new one when ``out`` is None, else ``out``
+    checked (shape, writable, and sharing no memory with an input unless it
+    is that very array object: the kernels allow exact in-place)."""
+    if out is None:
+        return np.empty(shape, np.float32)
+    _array(out, "out", np.float32, (len(shape),))
+    if out.shape != shape:
+        raise ValueError(f"out must have shape {shape}, got {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    for a in inputs:
+        if out is not a and np.may_share_memory(out, a):
+            raise ValueError("out shares memory with an input without being that array")
+    return out
+
+
+cdef void _same_length(str what, object a, object b) except *:
+    if a.shape != b.shape:
+        raise ValueError(f"{what}: shapes differ, {a.shape} and {b.shape}")
+
+
+# ---------------------------------------------------------------------------
+# Python API (what gemma_cy.fast.ops re-exports; names follow reference/layers.py)
+
+
+def dot_i8(q, x, scale) -> float:
+    """(sum_i q[i] * x[i]) * scale: int8 q (n,) times f32 x (n,), the scale
+    applied once after the sum (docs/formats.md#int8-per-tensor-quantization). Any start address of q."""
+    _array(q, "q", np.int8, (1,))
+    _array(x, "x", np.float32, (1,))
+    _same_length("dot_i8", q, x)
+    cdef const int8_t[::1] qv = q
+    cdef const float[::1] xv = x
+    cdef float s = scale, result = 0
+    cdef Py_ssize_t n = qv.shape[0]
+    if n:
+        with nogil:
+            result = k_dot_i8(&qv[0], &xv[0], n, s)
+    return result
+
+
+def dot_f32(a, b) -> float:
+    """sum_i a[i] * b[i] in f32: a, b (n,) f32; the bits of one attention
+    score (scores(a[None], b[None])[0, 0])."""
+    _array(a, "a", np.float32, (1,))
+    _array(b, "b", np.float32, (1,))
+    _same_length("dot_f32", a, b)
+    cdef const float[::1] av = a, bv = b
+    cdef float result = 0
+    cdef Py_ssize_t n = av.shape[0]
+    if n:
+        with nogil:
+            result = k_dot_f32(&av[0], &bv[0], n)
+    return result
+
+
+def axpy(a, x, y, out=None):
+    """y + a * x (the weighted sum of v): x, y (n,) f32, a a scalar; out=y
+    accumulates in place. Returns out."""
+    _array(x, "x", np.float32, (1,))
+    _array(y, "y", np.float32, (1,))
+    _same_length("axpy", x, y)
+    out = _out(out, y.shape, (x, y))
+    if out is x:
+        raise ValueError("axpy: out is x (it accumulates into y)")
+    if out is not y:
+        out[...] = y
+    cdef float[::1] ov = out
+    cdef const float[::1] xv = x
+    cdef float s = a
+    cdef Py_ssize_t n = ov.shape[0]
+    if n:
+        with nogil:
+            k_axpy(&ov[0], s, &xv[0], n)
+    return out
+
+
+def scores(q, keys):
+    """Attention scores q . keys^T: q (m, n), keys (n_keys, n) f32 -> (m,
+    n_keys), each score in k_scores' one order (the same bits whether
+    computed alone or with other rows and keys)."""
+    _array(q, "q", np.float32, (2,))
+    _array(keys, "keys", np.float32, (2,))
+    if q.shape[1] != keys.shape[1]:
+        raise ValueError(f"scores: q has {q.shape[1]} columns, keys {keys.shape[1]}")
+    out = np.zeros((q.shape[0], keys.shape[0]), np.float32)
+    cdef const float[:, ::1] qv = q
+    cdef const float[:, ::1] kv = keys
+    cdef float[:, ::1] ov = out
+    cdef Py_ssize_t m = qv.shape[0], n_keys = kv.shape[0], n = qv.shape[1]
+    if m and n_keys and n:  # (n == 0: every score is 0)
+        with nogil:
+            k_scores(&ov[0, 0], n_keys, &qv[0, 0], n, m, &kv[0, 0], n, n_keys, n)
+    return out
+
+
+def weighted_rows(w, x, y, out=None):
+    """y + w . x: w (m, n_x), x (n_x, n), y (m, n) f32, each value summed in
+    the order of x's rows as repeated axpy (the attention output of the query
+    heads of one kv head: probabilities times values); out=y accumulates in
+    place. Returns out."""
+    _array(w, "w", np.float32, (2,))
+    _array(x, "x", np.float32, (2,))
+    _array(y, "y", np.float32, (2,))
+    if w.shape[1] != x.shape[0] or y.shape != (w.shape[0], x.shape[1]):
+        raise ValueError(f"weighted_rows: shapes w {w.shape}, x {x.shape}, y {y.shape} do not fit")
+    out = _out(out, y.shape, (w, x, y))
+    if out is w or out is x:
+        raise ValueError("weighted_rows: out is w or x (it accumulates into y)")
+    if out is not y:
+        out[...] = y
+    cdef const float[:, ::1] wv = w, xv = x
+    cdef float[:, ::1] ov = out
+    cdef Py_ssize_t m = wv.shape[0], n_x = wv.shape[1], n = xv.shape[1]
+    if m and n_x and n:
+        with nogil:
+            k_weighted_rows(&ov[0, 0], n, &wv[0, 0], n_x, m, &xv[0, 0], n, n_x, n)
+    return out
+
+
+def softcap(x, cap, out=None):
+    """cap * tanh(x / cap) (Gemma 2's soft-cap): x (n,) f32, cap > 0; out=x
+    works in place. Returns out."""
+    _array(x, "x", np.float32, (1,))
+    if not cap > 0:
+        raise ValueError(f"softcap: cap = {cap!r}, must be > 0")
+    out = _out(out, x.shape, (x,))
+    if out is not x:
+        out[...] = x
+    cdef float[::1] ov = out
+    cdef float c = cap
+    cdef Py_ssize_t n = ov.shape[0]
+    if n:
+        with nogil:
+            k_softcap(&ov[0], n, c)
+    return out
+
+
+def gemv_i8(q, scale, x, out=None, resident=False):
+    """out[r] = scale * sum_c q[r, c] * x[c] for int8 q (rows, cols), C-contiguous
+    (read-only mapped views are fine), f32 x (cols,); returns out (rows,) f32.
+    ``resident``: the kernel for a matrix in cache (k_gemv_i8_resident: the
+    same values, maybe several rows at a time)."""
+    _array(q, "q", np.int8, (2,))
+    _array(x, "x", np.float32, (1,))
+    if x.shape[0] != q.shape[1]:
+        raise ValueError(f"gemv_i8: x has {x.shape[0]} values, q has {q.shape[1]} columns")
+    out = _out(out, (q.shape[0],), (q,))
+    if np.may_share_memory(out, x):  # every row reads all of x
+        raise ValueError("gemv_i8: out shares memory with x")
+    cdef const int8_t[:, ::1] qv = q
+    cdef const float[::1] xv = x
+    cdef float[::1] ov = out
+    cdef float s = scale
+    cdef Py_ssize_t rows = qv.shape[0], cols = qv.shape[1]
+    cdef bint in_cache = resident
+    if rows and cols:
+        with nogil:
+            if in_cache:
+                k_gemv_i8_resident(&ov[0], &qv[0, 0], s, &xv[0], rows, cols)
+            else:
+                k_gemv_i8(&ov[0], &qv[0, 0], s, &xv[0], rows, cols)
+    elif rows:
+        out[:] = 0
+    return out
+
+
+def rmsnorm(x, gain, eps, one_plus, out=None):
+    """x / sqrt(mean(x^2) + eps) * g (or * (1 + g) when one_plus), over the last
+    axis: x (n,) or (rows, n) f32, gain (n,) f32; returns out (x's shape)."""
+    _array(x, "x", np.float32, (1, 2))
+    _array(gain, "gain", np.float32, (1,))
+    width = x.shape[x.ndim - 1]
+    if gain.shape[0] != width:
+        raise ValueError(f"rmsnorm: gain has {gain.shape[0]} values, x rows have {width}")
+    out = _out(out, x.shape, (x, gain))
+    if x.size == 0:
+        return out
+    cdef const float[:, ::1] xv = x.reshape(-1, width)
+    cdef const float[::1] gv = gain
+    cdef float[:, ::1] ov = out.reshape(-1, width)
+    cdef double e = eps
+    cdef bint plus = one_plus
+    cdef Py_ssize_t r, n = xv.shape[1]
+    if n:
+        with nogil:
+            for r in range(xv.shape[0]):
+                k_rmsnorm(&ov[r, 0], &xv[r, 0], &gv[0], n, e, plus)
+    return out
+
+
+def rope_cos_sin(pos, head_dim, base):
+    """(cos, sin), each (head_dim/2,) f32, of the angles pos * base^(-2j/head_dim),
+    computed in f64 and rounded once (as reference.layers.rope_cos_sin)."""
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"rope_cos_sin: head_dim = {head_dim}, must be even and > 0")
+    cos_t = np.empty(head_dim // 2, np.float32)
+    sin_t = np.empty(head_dim // 2, np.float32)
+    cdef float[::1] cv = cos_t, sv = sin_t
+    cdef Py_ssize_t hd = head_dim, p = pos
+    cdef double b = base
+    with nogil:
+        k_rope_cos_sin(&cv[0], &sv[0], hd, p, b)
+    return cos_t, sin_t
+
+
+_PAIRINGS = {"interleaved": ROPE_INTERLEAVED, "half_split": ROPE_HALF_SPLIT}
+
+
+def rope(x, pos, base, pairing, out=None):
+    """Each head of x (n_heads, head_dim) f32 with its pairs (a, b) rotated to
+    (a cos - b sin, a sin + b cos) by pos * base^(-2j/head_dim); pairing
+    "interleaved" (2j, 2j+1) or "half_split" (j, j + head_dim/2). out=x rotates
+    in place. Returns out."""
+    _array(x, "x", np.float32, (2,))
+    if pairing not in _PAIRINGS:
+        raise ValueError(f"rope: pairing = {pairing!r}, expected one of {tuple(_PAIRINGS)}")
+    cos_t, sin_t = rope_cos_sin(pos, x.shape[1], base)
+    out = _out(out, x.shape, (x,))
+    if out is not x:
+        out[...] = x
+    cdef float[:, ::1] ov = out
+    cdef const float[::1] cv = cos_t, sv = sin_t
+    cdef RopePairing kind = _PAIRINGS[pairing]
+    if ov.shape[0]:
+        with nogil:
+            k_rope_apply(&ov[0, 0], &cv[0], &sv[0], ov.shape[0], ov.shape[1], kind)
+    return out
+
+
+def softmax(x, out=None):
+    """Stable softmax over the last axis: exp(x - max) / sum; x (n,) or
+    (rows, n) f32. out=x works in place. Returns out."""
+    _array(x, "x", np.float32, (1, 2))
+    out = _out(out, x.shape, (x,))
+    if x.size == 0:
+        return out
+    if out is not x:
+        out[...] = x
+    cdef float[:, ::1] ov = out.reshape(-1, x.shape[x.ndim - 1])
+    cdef Py_ssize_t r, n = ov.shape[1]
+    if n:
+        with nogil:
+            for r in range(ov.shape[0]):
+                k_softmax(&ov[r, 0], n)
+    return out
+
+
+def silu_mul(gate, up, out=None):
+    """silu(gate) * up, silu(g) = g / (1 + exp(-g)): gate, up (n,) f32 -> out (n,)."""
+    return _gated(gate, up, out, False)
+
+
+def gelu_tanh_mul(gate, up, out=None):
+    """gelu_tanh(gate) * up, gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))):
+    gate, up (n,) f32 -> out (n,)."""
+    return _gated(gate, up, out, True)
+
+
+cdef object _gated(object gate, object up, object out, bint gelu):
+    _array(gate, "gate", np.float32, (1,))
+    _array(up, "up", np.float32, (1,))
+    _same_length("gating", gate, up)
+    out = _out(out, gate.shape, (gate, up))
+    cdef const float[::1] gv = gate, uv = up
+    cdef float[::1] ov = out
+    cdef Py_ssize_t n = gv.shape[0]
+    if n:
+        with nogil:
+            if gelu:
+                k_gelu_tanh_mul(&ov[0], &gv[0], &uv[0], n)
+            else:
+                k_silu_mul(&ov[0], &gv[0], &uv[0], n)
+    return out
+
+
+def add(x, y, out=None):
+    """x + y (the residual add): x, y (n,) f32; out=x adds in place. Returns out."""
+    _array(x, "x", np.float32, (1,))
+    _array(y, "y", np.float32, (1,))
+    _same_length("add", x, y)
+    out = _out(out, x.shape, (x, y))
+    if out is y:  # f32 addition commutes: out = y + x
+        x, y = y, x
+    elif out is not x:
+        out[...] = x
+    cdef float[::1] ov = out
+    cdef const float[::1] yv = y
+    cdef Py_ssize_t n = ov.shape[0]
+    if n:
+        with nogil:
+            k_add(&ov[0], &yv[0], n)
+    return out
+
+
+def dequantize_i8(q, scale, out=None):
+    """q * scale as f32 (n,) from int8 q (n,) (one embedding row): each value
+    one f32 product, bit-exact with q.astype(np.float32) * np.float32(scale)."""
+    _array(q, "q", np.int8, (1,))
+    out = _out(out, q.shape, (q,))
+    cdef const int8_t[::1] qv = q
+    cdef float[::1] ov = out
+    cdef float s = scale
+    cdef Py_ssize_t n = qv.shape[0]
+    if n:
+        with nogil:
+            k_dequantize_i8(&ov[0], &qv[0], s, n)
+    return out
+
+
+cdef object _q8_0_blocks(object blocks, str what, int ndim):
+    """blocks itself when it is a C-contiguous uint8 array (..., n_blocks, 34)
+    with ``ndim`` dimensions; else TypeError or ValueError."""
+    _array(blocks, what, np.uint8, (ndim,))
+    if blocks.shape[ndim - 1] != Q8_0_BYTES:
+        raise ValueError(f"{what} must have {Q8_0_BYTES}-byte Q8_0 blocks on its last axis, "
+                         f"got shape {blocks.shape}")
+    return blocks
+
+
+def dot_q8_0(blocks, x) -> float:
+    """sum_b f32(d_b) * (sum_i q_b[i] * x[32 b + i]): one row of Q8_0 blocks,
+    uint8 (n_blocks, 34) (f16 d then 32 int8 each, any start address), times
+    f32 x (32 * n_blocks,). Each block's sum is scaled by its d (docs/numerics.md#tolerances:
+    the same value as the dequantized row . x, in another order)."""
+    _q8_0_blocks(blocks, "blocks", 2)
+    _array(x, "x", np.float32, (1,))
+    if x.shape[0] != blocks.shape[0] * Q8_0_BLOCK:
+        raise ValueError(f"dot_q8_0: x has {x.shape[0]} values, the blocks hold {blocks.shape[0] * Q8_0_BLOCK}")
+    cdef const uint8_t[:, ::1] bv = blocks
+    cdef const float[::1] xv = x
+    cdef float result = 0
+    cdef Py_ssize_t nb = bv.shape[0]
+    if nb:
+        with nogil:
+            result = k_dot_q8_0(&bv[0, 0], &xv[0], nb)
+    return result
+
+
+def gemv_q8_0(blocks, x, out=None):
+    """out[r] = dot_q8_0(blocks[r], x) for a Q8_0 matrix uint8 (rows, n_blocks,
+    34), C-contiguous (read-only mapped views are fine), f32 x (32 * n_blocks,);
+    returns out (rows,) f32."""
+    _q8_0_blocks(blocks, "blocks", 3)
+    _array(x, "x", np.float32, (1,))
+    if x.shape[0] != blocks.shape[1] * Q8_0_BLOCK:
+        raise ValueError(f"gemv_q8_0: x has {x.shape[0]} values, the rows hold {blocks.shape[1] * Q8_0_BLOCK}")
+    out = _out(out, (blocks.shape[0],), (blocks,))
+    if np.may_share_memory(out, x):  # every row reads all of x
+        raise ValueError("gemv_q8_0: out shares memory with x")
+    cdef const uint8_t[:, :, ::1] bv = blocks
+    cdef const float[::1] xv = x
+    cdef float[::1] ov = out
+    cdef Py_ssize_t rows = bv.shape[0], nb = bv.shape[1]
+    if rows and nb:
+        with nogil:
+            k_gemv_q8_0(&ov[0], &bv[0, 0, 0], &xv[0], rows, nb)
+    elif rows:
+        out[:] = 0
+    return out
+
+
+def dequantize_q8_0(blocks, out=None):
+    """f32(d) * q as f32 (32 * n_blocks,) from one row of Q8_0 blocks uint8
+    (n_blocks, 34): bit-exact with gemma_cy.quant.dequantize_q8_0."""
+    _q8_0_blocks(blocks, "blocks", 2)
+    out = _out(out, (blocks.shape[0] * Q8_0_BLOCK,), (blocks,))
+    cdef const uint8_t[:, ::1] bv = blocks
+    cdef float[::1] ov = out
+    cdef Py_ssize_t nb = bv.shape[0]
+    if nb:
+        with nogil:
+            k_dequantize_q8_0(&ov[0], &bv[0, 0], nb)
+    return out
+
+
+def quantize_q8(x):
+    """Quantize f32 x (32 * n_blocks,) per block of 32 (k_quantize_q8, the
+    q8 mode): returns (q int8 (32 * n_blocks,), d f32 (n_blocks,)), bit-exact
+    with gemma_cy.quant.quantize_activations_q8."""
+    _array(x, "x", np.float32, (1,))
+    if x.shape[0] % Q8_0_BLOCK:
+        raise ValueError(f"quantize_q8: x has {x.shape[0]} values, not a multiple of {Q8_0_BLOCK}")
+    q = np.empty(x.shape[0], np.int8)
+    d = np.empty(x.shape[0] // Q8_0_BLOCK, np.float32)
+    cdef const float[::1] xv = x
+    cdef int8_t[::1] qv = q
+    cdef float[::1] dv = d
+    cdef Py_ssize_t nb = dv.shape[0]
+    if nb:
+        with nogil:
+            k_quantize_q8(&qv[0], &dv[0], &xv[0], nb)
+    return q, d

@@ -1,0 +1,2 @@
+# The C interface of gemma_cy.fast.simd_avx2 (cimport it from here).
+include "kernels/api.pxi"

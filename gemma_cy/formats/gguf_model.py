@@ -1,0 +1,351 @@
+"""Gemma 3 and Llama GGUF files as models: metadata -> ``ModelConfig``
+(``gguf_config``), llama.cpp tensor names -> ``Weights`` names, the checks a
+model's tensor set must pass, and ``read_gguf`` / ``read_gguf_f32``
+(docs/formats.md#architectures). The engines run Q8_0 matrices and F32 norms;
+other types go through ``gemma_cy.commands.convert`` first."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable
+
+import numpy as np
+
+from ..errors import ModelFormatError
+from ..model.config import ModelConfig
+from ..model.weights import Weights, expected_shapes
+from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
+from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, close_quietly, parse_gguf, type_name)
+
+SUPPORTED_ARCHITECTURES = ("gemma3", "llama")
+
+# llama.cpp tensor names -> Weights names (gemma_cy.model.weights); per layer
+# "blk.{l}.<key>.weight" -> "layers.{l}.<value>"
+GLOBAL_TENSOR_NAMES = {"token_embd.weight": "embed_tokens", "output_norm.weight": "final_norm",
+                       "output.weight": "lm_head"}
+LAYER_TENSOR_NAMES = {
+    "attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
+    "ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj",
+    "attn_norm": "attn_norm", "ffn_norm": "ffn_norm",
+    "post_attention_norm": "post_attn_norm", "post_ffw_norm": "post_ffn_norm",
+    "attn_q_norm": "q_norm", "attn_k_norm": "k_norm",
+}
+_LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.weight")
+
+# Gemma 3 values the GGUF metadata does not carry (llama.cpp hard-codes them
+# for the architecture too): local RoPE base, and the layer pattern (5 local
+# layers then 1 global).
+GEMMA3_ROPE_BASE_LOCAL = 10000.0
+GEMMA3_SLIDING_WINDOW_PATTERN = 6
+GEMMA3_ROPE_BASE = 1_000_000.0  # HF Gemma3TextConfig.rope_theta, if freq_base is absent
+GEMMA3_27B_LAYERS = 62  # the one size whose query_pre_attn_scalar is dim // n_heads
+
+
+def tensor_name(gguf_name: str, n_layers: int) -> str | None:
+    """The Weights name of a llama.cpp tensor name, or None if it has none."""
+    if gguf_name in GLOBAL_TENSOR_NAMES:
+        return GLOBAL_TENSOR_NAMES[gguf_name]
+    m = _LAYER_NAME.fullmatch(gguf_name)
+    if m and int(m.group(1)) < n_layers and m.group(2) in LAYER_TENSOR_NAMES:
+        return f"layers.{m.group(1)}.{LAYER_TENSOR_NAMES[m.group(2)]}"
+    return None
+
+
+def gguf_tensor_name(weights_name: str) -> str:
+    """The llama.cpp name of a Weights tensor name (inverse of ``tensor_name``)."""
+    for g, w in GLOBAL_TENSOR_NAMES.items():
+        if w == weights_name:
+            return g
+    _, layer, short = weights_name.split(".")
+    key = next(k for k, v in LAYER_TENSOR_NAMES.items() if v == short)
+    return f"blk.{layer}.{key}.weight"
+
+
+class _Meta:
+    """Typed access to one architecture's metadata keys, with messages."""
+
+    def __init__(self, gf: GGUFFile, arch: str) -> None:
+        self.gf, self.arch = gf, arch
+
+    def fail(self, message: str) -> ModelFormatError:
+        return ModelFormatError(f"{self.gf.path}: {message}")
+
+    def int(self, key: str, default: int | None = None, *, low: int = 1) -> int:
+        full = key.format(arch=self.arch)
+        f = self.gf.fields.get(full)
+        if f is None:
+            if default is None:
+                raise self.fail(f"metadata {full} is missing")
+            return default
+        if f.type not in INTEGER_TYPES:
+            raise self.fail(f"metadata {full}: type {type_name(f)}, expected an integer")
+        if f.value < low:
+            raise self.fail(f"metadata {full}: found {f.value}, must be >= {low}")
+        return int(f.value)
+
+    def float(self, key: str, default: float) -> float:
+        full = key.format(arch=self.arch)
+        f = self.gf.fields.get(full)
+        if f is None:
+            return default
+        if f.type not in FLOAT_TYPES:
+            raise self.fail(f"metadata {full}: type {type_name(f)}, expected a float")
+        return float(f.value)
+
+
+def gguf_config(gf: GGUFFile) -> ModelConfig:
+    """The ModelConfig of a parsed GGUF file (architectures "gemma3" and "llama").
+
+    Both: sizes (``{arch}.*``), eps, RoPE base (``rope.freq_base``), bos/eos
+    ids from ``tokenizer.ggml.*``; vocab_size is the embedding's row count;
+    no position table; tied embeddings when there is no ``output.weight``.
+    The architecture's own switches: ``_gemma3_switches``, ``_llama_switches``.
+    """
+    arch_field = gf.fields.get("general.architecture")
+    if arch_field is None or arch_field.type != STRING:
+        raise ModelFormatError(f"{gf.path}: metadata general.architecture is missing or not a string")
+    arch = arch_field.value
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelFormatError(f"{gf.path}: architecture {arch!r} is not supported "
+                               f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    m = _Meta(gf, arch)
+    emb = gf.tensors.get("token_embd.weight")
+    if emb is None or len(emb.dims) != 2:
+        raise ModelFormatError(f"{gf.path}: tensor token_embd.weight is missing or not 2-D")
+    n_layers = m.int("{arch}.block_count")
+    if n_layers > len(gf.tensors):  # bounds every loop over layers below
+        raise m.fail(f"metadata {arch}.block_count = {n_layers}, but the file holds only "
+                     f"{len(gf.tensors)} tensors")
+    dim = m.int("{arch}.embedding_length")
+    n_heads = m.int("{arch}.attention.head_count")
+    head_dim = m.int("{arch}.attention.key_length", default=dim // n_heads)
+    value_len = m.int("{arch}.attention.value_length", default=head_dim)
+    if value_len != head_dim:
+        raise m.fail(f"metadata {arch}.attention.value_length = {value_len} differs from key_length "
+                     f"= {head_dim}; one head_dim is supported")
+    scaling = gf.value(f"{arch}.rope.scaling.type", "none")
+    factor = m.float("{arch}.rope.scaling.factor", 1.0)
+    if scaling not in ("none", "linear") or (scaling == "linear" and factor != 1.0):
+        raise m.fail(f"metadata {arch}.rope.scaling: {scaling} x {factor} is not supported "
+                     f"(no RoPE scaling: Gemma 3 270M and 1B, SmolLM2)")
+    special = {}
+    for key in ("bos", "eos", "eot"):
+        f = gf.fields.get(f"tokenizer.ggml.{key}_token_id")
+        if f is not None and f.type not in INTEGER_TYPES:
+            raise m.fail(f"metadata tokenizer.ggml.{key}_token_id: type {type_name(f)}, expected an integer")
+        special[key] = None if f is None else int(f.value)
+    vocab_size = emb.dims[1]
+    _check_vocab_metadata(gf, vocab_size)
+    switches = (_gemma3_switches if arch == "gemma3" else _llama_switches)(gf, m, n_layers, dim, n_heads, head_dim)
+    eos_ids = [special["eos"], special["eot"]] + switches.pop("extra_eos_ids")
+    try:
+        return ModelConfig(
+            n_layers=n_layers, dim=dim, n_heads=n_heads,
+            n_kv_heads=m.int("{arch}.attention.head_count_kv", default=n_heads),
+            head_dim=head_dim, mlp_dim=m.int("{arch}.feed_forward_length"),
+            vocab_size=vocab_size, max_seq_len=m.int("{arch}.context_length"),
+            position_table=False,
+            tied_embeddings="output.weight" not in gf.tensors,
+            bos_id=special["bos"],
+            eos_ids=tuple(sorted({i for i in eos_ids if i is not None})),
+            **switches)
+    except ModelFormatError as e:
+        raise ModelFormatError(f"{gf.path}: {e}") from None
+
+
+def _gemma3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
+                     head_dim: int) -> dict:
+    """Gemma 3's ModelConfig switches.
+
+    From metadata: RoPE global base (``rope.freq_base``; the local base from
+    ``rope.freq_base_swa``), eps, sliding window, soft-caps if present.
+    Derived where the file says nothing (as llama.cpp does): local RoPE base
+    10000, pattern 6 (layer l global when (l+1) % 6 == 0), query scale
+    1/sqrt(query_pre_attn_scalar) with the scalar = head_dim (dim // n_heads
+    for the 62-layer 27B), embed_scale = f32(sqrt(dim)), GELU-tanh,
+    half-split RoPE, q/k-norm, sandwich norms. End of turn
+    (``<end_of_turn>``, when ``tokenizer.ggml.eot_token_id`` is absent) is an
+    eos id too.
+
+    Norm gains: llama.cpp's converter stores Gemma's RMSNorm weights as
+    1 + w (its ``norm_shift``), so the gain is used as stored: "plain". (In
+    this file every norm value minus 1 is exactly a bf16, the checkpoint's
+    dtype: the +1 was added in f32 after reading bf16 w, the same f32 value
+    HF computes as ``1.0 + weight.float()``.)
+    """
+    window = m.int("{arch}.attention.sliding_window", default=0, low=0)
+    pattern = _swa_pattern(gf, m, m.arch, n_layers) if window else 0
+    pre_attn_scalar = dim // n_heads if n_layers == GEMMA3_27B_LAYERS else head_dim
+    has_eot = "tokenizer.ggml.eot_token_id" in gf.fields
+    return dict(
+        activation="gelu_tanh", rope_pairing="half_split",
+        rope_base=m.float("{arch}.rope.freq_base", GEMMA3_ROPE_BASE),
+        rope_base_local=m.float("{arch}.rope.freq_base_swa", GEMMA3_ROPE_BASE_LOCAL),
+        norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        norm_gain="plain", embed_scale=float(np.float32(math.sqrt(dim))),
+        qk_norm=True, post_norms=True,
+        query_scale=1.0 / math.sqrt(pre_attn_scalar),
+        sliding_window=window, sliding_window_pattern=pattern,
+        attn_softcap=m.float("{arch}.attn_logit_softcapping", 0.0),
+        final_softcap=m.float("{arch}.final_logit_softcapping", 0.0),
+        extra_eos_ids=[] if has_eot else [_token_id(gf, "<end_of_turn>")])
+
+
+def _llama_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
+                    head_dim: int) -> dict:
+    """Llama's ModelConfig switches (SmolLM2 is one): SiLU gating, plain
+    RMSNorm gains (no +1), embedding unscaled, no q/k-norm, no post-norms, no
+    sliding window, scores scaled by 1/sqrt(head_dim).
+
+    RoPE pairs are interleaved, (2j, 2j+1): llama.cpp's converter permutes
+    the rows of each q and k head from HF's half-split layout so that its own
+    adjacent-pair RoPE applies (HF's GGUF loader undoes the permutation and
+    rotates half-split: the same function). RoPE must cover the whole head
+    (``rope.dimension_count`` == head_dim).
+    """
+    rot = m.int("{arch}.rope.dimension_count", default=head_dim)
+    if rot != head_dim:
+        raise m.fail(f"metadata {m.arch}.rope.dimension_count = {rot} differs from head_dim = {head_dim}; "
+                     f"partial RoPE is not supported")
+    return dict(
+        activation="silu", rope_pairing="interleaved",
+        rope_base=m.float("{arch}.rope.freq_base", 10000.0),
+        norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-5),
+        norm_gain="plain", embed_scale=1.0, qk_norm=False, post_norms=False,
+        query_scale=1.0 / math.sqrt(head_dim), extra_eos_ids=[])
+
+
+def _swa_pattern(gf: GGUFFile, m: _Meta, arch: str, n_layers: int) -> int:
+    """Sliding-window period: the metadata's (an int, or one bool per layer,
+    True = sliding) if present, else Gemma 3's 6."""
+    key = f"{arch}.attention.sliding_window_pattern"
+    f = gf.fields.get(key)
+    if f is None:
+        return GEMMA3_SLIDING_WINDOW_PATTERN
+    if f.type != ARRAY:
+        return m.int("{arch}.attention.sliding_window_pattern")
+    if f.item_type != BOOL or len(f.value) != n_layers:
+        raise m.fail(f"metadata {key}: expected {n_layers} BOOLs, found {len(f.value)} of "
+                     f"{VALUE_TYPE_NAMES[f.item_type]}")
+    local = [bool(v) for v in f.value]
+    for p in range(1, n_layers + 2):
+        if local == [(l + 1) % p != 0 for l in range(n_layers)]:
+            return p
+    raise m.fail(f"metadata {key}: the per-layer pattern is not periodic (every p-th layer "
+                 f"global), which gemma-cy cannot express")
+
+
+def _check_vocab_metadata(gf: GGUFFile, vocab_size: int) -> None:
+    """The tokenizer arrays hold one entry per embedding row; special ids are
+    in the vocabulary (docs/errors.md#case-12)."""
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        f = gf.fields.get(key)
+        if f is None:
+            continue
+        if f.type != ARRAY:
+            raise ModelFormatError(f"{gf.path}: metadata {key}: type {type_name(f)}, expected an array")
+        if len(f.value) != vocab_size:
+            raise ModelFormatError(f"{gf.path}: metadata {key}: {len(f.value)} entries, expected "
+                                   f"vocab_size = {vocab_size} (rows of token_embd.weight)")
+    for key in ("bos", "eos", "eot", "unknown", "padding", "sep", "cls", "mask"):
+        full = f"tokenizer.ggml.{key}_token_id"
+        f = gf.fields.get(full)
+        if f is None:
+            continue
+        if f.type not in INTEGER_TYPES or not 0 <= f.value < vocab_size:
+            raise ModelFormatError(f"{gf.path}: metadata {full} = {f.value!r}, must be an id in "
+                                   f"[0, {vocab_size})")
+
+
+def _token_id(gf: GGUFFile, piece: str) -> int | None:
+    tokens = gf.value("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list):
+        return None
+    try:
+        return tokens.index(piece)
+    except ValueError:
+        return None
+
+
+def check_model_tensors(gf: GGUFFile, config: ModelConfig,
+                        allowed_types: Iterable[int] | None = None) -> dict[str, str]:
+    """Check that ``gf`` holds exactly the tensors ``config`` needs, with the
+    right shapes (and, if given, types): returns GGUF name -> Weights name.
+    Raises ModelFormatError naming the first tensor that breaks a rule."""
+    shapes = expected_shapes(config)
+    names: dict[str, str] = {}
+    for g, t in gf.tensors.items():
+        w = tensor_name(g, config.n_layers)
+        if w is None or w not in shapes:
+            raise ModelFormatError(f"{gf.path}: unexpected tensor {g!r} (not part of a "
+                                   f"{gf.value('general.architecture')} model with {config.n_layers} layers)")
+        if t.shape != shapes[w]:
+            raise ModelFormatError(
+                f"{gf.path}: tensor {g!r} has dims {list(t.dims)} (shape {t.shape}), expected shape "
+                f"{shapes[w]} from the metadata")
+        if allowed_types is not None and t.ggml_type not in allowed_types:
+            raise ModelFormatError(
+                f"{gf.path}: tensor {g!r} is {t.type_name}; gemma-cy runs Q8_0 matrices and F32 "
+                f"norms: convert the file first (gemma-cy convert IN.gguf -o OUT.gguf)")
+        names[g] = w
+    missing = sorted(set(shapes) - set(names.values()))
+    if missing:
+        raise ModelFormatError(f"{gf.path}: missing tensor {gguf_tensor_name(missing[0])!r}")
+    return names
+
+
+def read_gguf(path) -> Weights:
+    """Read a Gemma 3 or Llama GGUF file of Q8_0 matrices and F32 norms as Weights of
+    zero-copy, read-only views (``Q8_0Tensor``, ``F32Tensor``) of the mapped
+    file; the map stays alive through ``Weights.keepalive``. Tied embeddings
+    stay one tensor. Raises ModelFormatError for anything ``parse_gguf`` or
+    ``gguf_config`` rejects, an unexpected, missing or misshapen tensor, or
+    another tensor type (convert such files first: ``gemma_cy.commands.convert``)."""
+    gf = parse_gguf(path)
+    try:
+        config = gguf_config(gf)
+        names = check_model_tensors(gf, config)
+        tensors = {}
+        for g, w in names.items():
+            t = gf.tensors[g]
+            if len(t.dims) == 1 and t.ggml_type == F32_ID:
+                tensors[w] = F32Tensor(np.frombuffer(gf.mm, dtype=np.float32, count=t.dims[0],
+                                                     offset=t.offset))
+            elif len(t.dims) == 2 and t.ggml_type == Q8_0_ID:
+                tensors[w] = Q8_0Tensor(gf.raw(g).reshape(t.dims[1], t.dims[0] // Q8_0_BLOCK, Q8_0_BYTES))
+            else:
+                raise ModelFormatError(
+                    f"{gf.path}: tensor {g!r} is {t.type_name} with {len(t.dims)} dims; gemma-cy runs "
+                    f"Q8_0 matrices and F32 norms: convert the file first "
+                    f"(gemma-cy convert IN.gguf -o OUT.gguf)")
+        return Weights(config=config, tensors=tensors, source=gf.path, keepalive=[gf.mm])
+    except ModelFormatError:
+        close_quietly(gf.mm)
+        raise
+
+
+def read_gguf_f32(path) -> Weights:
+    """Read any supported Gemma 3 or Llama GGUF (Q4_K, Q4_1, Q5_0, Q6_K, Q8_0, F16, F32...)
+    with every tensor dequantized to f32 (``F32Tensor``, owned arrays): the
+    original weights as HF transformers sees them, for the reference engine's
+    checks against an independent implementation. Not zero-copy (Gemma 3
+    270M takes ~1.1 GB)."""
+    from ..quant.ggml import dequantize
+
+    gf = parse_gguf(path)
+    try:
+        config = gguf_config(gf)
+        names = check_model_tensors(gf, config)
+        tensors = {}
+        for g, w in names.items():
+            t = gf.tensors[g]
+            try:
+                values = dequantize(gf.raw(g), t.ggml_type, t.shape)
+                tensors[w] = F32Tensor(np.require(values, np.float32, ["C", "O"]))  # own it: the map closes
+            except ValueError as e:
+                raise ModelFormatError(f"{gf.path}: tensor {g!r} ({t.type_name}): {e}") from None
+            if not np.all(np.isfinite(tensors[w].data)):
+                raise ModelFormatError(f"{gf.path}: tensor {g!r} holds NaN or Inf")
+        return Weights(config=config, tensors=tensors, source=gf.path)
+    finally:
+        close_quietly(gf.mm)

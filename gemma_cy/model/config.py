@@ -1,0 +1,137 @@
+"""ModelConfig: the single source of truth for sizes and architecture switches.
+
+Every file format maps into one ``ModelConfig``; both engines read only it.
+A new model family is new values here, never a subclass or an
+``if family ==`` in an engine.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from ..errors import ModelFormatError
+
+ACTIVATIONS = ("silu", "gelu_tanh")
+ROPE_PAIRINGS = ("interleaved", "half_split")
+NORM_GAINS = ("plain", "one_plus")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and switches of a decoder-only transformer.
+
+    Defaults are the seed engine's (GMW1, docs/model.md#the-seed-model-gmw1); Gemma 3 sets the
+    switches (docs/model.md#gemma-3).
+    """
+
+    # sizes
+    n_layers: int
+    dim: int  # hidden size (residual stream width)
+    n_heads: int  # query heads
+    n_kv_heads: int  # key/value heads (GQA: n_heads % n_kv_heads == 0)
+    head_dim: int  # per head; n_heads*head_dim may differ from dim (Gemma 3)
+    mlp_dim: int  # hidden width of the gated MLP
+    vocab_size: int
+    max_seq_len: int  # context the model supports (rows of the position table)
+
+    # architecture switches
+    activation: str = "silu"  # gate activation: "silu" | "gelu_tanh"
+    rope_pairing: str = "interleaved"  # (2j, 2j+1) | (j, j + head_dim/2)
+    rope_base: float = 10000.0  # global-attention layers
+    rope_base_local: float | None = None  # sliding-window layers; None = rope_base
+    norm_eps: float = 1e-6
+    norm_gain: str = "plain"  # "plain": x*g | "one_plus": x*(1+g)
+    position_table: bool = True  # learned absolute position rows added to the embedding
+    embed_scale: float = 1.0  # embedding multiplier (Gemma: sqrt(dim) as f32)
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE
+    post_norms: bool = False  # sandwich norms after attention and MLP
+    query_scale: float | None = None  # scores *= this; None = 1/sqrt(head_dim)
+    sliding_window: int = 0  # local layers attend to the last N positions; 0 = off
+    sliding_window_pattern: int = 0  # layer l is global when (l+1) % pattern == 0
+    attn_softcap: float = 0.0  # Gemma 2: tanh soft-cap of scores; 0 = off
+    final_softcap: float = 0.0  # Gemma 2: tanh soft-cap of logits; 0 = off
+    tied_embeddings: bool = False  # lm_head is embed_tokens
+    bos_id: int | None = None
+    eos_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # derived sizes
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together: n_heads * head_dim."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of all key (or value) heads together: n_kv_heads * head_dim."""
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def scores_scale(self) -> float:
+        """Multiplier of q.k before softmax."""
+        if self.query_scale is not None:
+            return self.query_scale
+        return 1.0 / math.sqrt(self.head_dim)
+
+    def is_local(self, layer: int) -> bool:
+        """True when ``layer`` uses sliding-window attention."""
+        if self.sliding_window <= 0:
+            return False
+        if self.sliding_window_pattern <= 0:
+            return True
+        return (layer + 1) % self.sliding_window_pattern != 0
+
+    def window(self, layer: int) -> int:
+        """How many past positions (itself included) ``layer`` attends to; 0 = all."""
+        return self.sliding_window if self.is_local(layer) else 0
+
+    def rope_base_for(self, layer: int) -> float:
+        """RoPE base of ``layer`` (local layers may use a different base)."""
+        if self.is_local(layer) and self.rope_base_local is not None:
+            return self.rope_base_local
+        return self.rope_base
+
+    def with_changes(self, **changes) -> "ModelConfig":
+        """A copy with some fields replaced (validated again)."""
+        return replace(self, **changes)
+
+    def validate(self) -> None:
+        """Raise ModelFormatError naming the first field that breaks a rule."""
+        for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim",
+                     "mlp_dim", "vocab_size", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ModelFormatError(f"config: {name} = {value!r}, must be an integer > 0")
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ModelFormatError(
+                f"config: n_heads = {self.n_heads} is not a multiple of n_kv_heads = {self.n_kv_heads}")
+        if self.head_dim % 2 != 0:
+            raise ModelFormatError(f"config: head_dim = {self.head_dim}, must be even (RoPE pairs)")
+        if self.activation not in ACTIVATIONS:
+            raise ModelFormatError(f"config: activation = {self.activation!r}, expected one of {ACTIVATIONS}")
+        if self.rope_pairing not in ROPE_PAIRINGS:
+            raise ModelFormatError(f"config: rope_pairing = {self.rope_pairing!r}, expected one of {ROPE_PAIRINGS}")
+        if self.norm_gain not in NORM_GAINS:
+            raise ModelFormatError(f"config: norm_gain = {self.norm_gain!r}, expected one of {NORM_GAINS}")
+        for name in ("rope_base", "norm_eps", "embed_scale"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ModelFormatError(f"config: {name} = {value!r}, must be finite and > 0")
+        if self.rope_base_local is not None and not (
+                math.isfinite(self.rope_base_local) and self.rope_base_local > 0):
+            raise ModelFormatError(f"config: rope_base_local = {self.rope_base_local!r}, must be finite and > 0")
+        if self.query_scale is not None and not (math.isfinite(self.query_scale) and self.query_scale > 0):
+            raise ModelFormatError(f"config: query_scale = {self.query_scale!r}, must be finite and > 0")
+        for name in ("attn_softcap", "final_softcap"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ModelFormatError(f"config: {name} = {value!r}, must be finite and >= 0 (0 = off)")
+        if self.sliding_window < 0 or self.sliding_window_pattern < 0:
+            raise ModelFormatError("config: sliding_window and sliding_window_pattern must be >= 0")
+        special = ([self.bos_id] if self.bos_id is not None else []) + list(self.eos_ids)
+        for tok in special:
+            if not (0 <= tok < self.vocab_size):
+                raise ModelFormatError(
+                    f"config: special token id {tok} outside the vocabulary [0, {self.vocab_size})")

@@ -1,0 +1,282 @@
+"""Byte-level BPE (GPT-2 style) built from a GGUF vocab: SmolLM2's tokenizer.
+
+A GGUF with ``tokenizer.ggml.model == "gpt2"`` carries the tokens (spelled
+in GPT-2's byte alphabet: every byte is one printable character, e.g. space
+-> "Ġ", newline -> "Ċ"), their types and the ranked merges
+(``tokenizer.ggml.merges``, "Ġ t" = merge "Ġ" with "t"). Encoding runs as
+HF ``tokenizers`` does for SmolLM2's ``tokenizer.json``
+(``Sequence[Digits(individual_digits=True), ByteLevel(use_regex=True)]``,
+no normalizer), which llama.cpp's pre-tokenizer "smollm" also implements:
+
+1. pre-tokenize: every numeric character (``\\p{N}``) is a piece of its own;
+   each stretch between them is split by GPT-2's pattern
+   ``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+``
+   (the stdlib ``re`` has no ``\\p{..}``: ``_gpt2_pieces`` is that pattern as
+   a hand-written scanner over Unicode categories);
+2. each piece's UTF-8 bytes become byte symbols, then the adjacent pair with
+   the lowest merge rank is merged (leftmost on ties) until no pair has a
+   merge. Results are cached per piece.
+
+A byte whose symbol is not in the vocab (SmolLM2's lacks 21, among them
+0x04, 0xC0 and 0xF5..0xFF) is dropped, as HF (a BPE without ``unk_token``)
+and llama.cpp drop it: its neighbours then merge as if adjacent.
+
+Control tokens (``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>``...) are
+matched whole, leftmost-longest, only with ``parse_special=True``; the text
+between them is pre-tokenized on its own (as HF splits added tokens first).
+Decoding maps each byte symbol back to its byte; control tokens decode to
+nothing. Text that is not valid UTF-8 (``greedy.text_to_bytes``) is
+tokenized byte for byte, so ``decode_bytes(encode(b)) == b`` but for
+dropped bytes.
+"""
+from __future__ import annotations
+
+import unicodedata
+
+from ..errors import ModelFormatError
+from .greedy import PieceTable, SpecialPieces, text_to_bytes
+
+TOKEN_NORMAL = 1  # GGUF token types (llama.cpp's llama_token_type)
+TOKEN_CONTROL = 3
+
+# llama.cpp pre-tokenizer names (tokenizer.ggml.pre) -> split numbers one by
+# one first. Each of these is GPT-2's pattern, with or without that split.
+PRE_TOKENIZERS = {"smollm": True, "starcoder": True, "refact": True, "gpt-2": False}
+
+# Unicode White_Space: what \s means in HF's regex engine (Oniguruma). Python's
+# str.isspace() differs (it also takes U+001C..U+001F).
+WHITESPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+                       "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an ASCII apostrophe; case-sensitive
+LETTER, NUMBER, SPACE, OTHER = range(4)
+CACHE_LIMIT = 1 << 16  # pieces remembered; the cache starts over past this
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's byte -> character map: printable Latin-1 bytes stand for
+    themselves, the other 68 bytes take U+0100.. in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = [""] * 256
+    extra = 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(0x100 + extra)
+            extra += 1
+    return chars
+
+
+_CLASSES: dict[str, int] = {}  # character -> its class, filled as characters are met
+
+
+def _char_class(c: str) -> int:
+    """LETTER (\\p{L}), NUMBER (\\p{N}), SPACE (\\s) or OTHER. Lone surrogates
+    (bytes that are not UTF-8) are OTHER."""
+    k = _CLASSES.get(c)
+    if k is None:
+        cat = unicodedata.category(c)[0]
+        k = _CLASSES[c] = SPACE if c in WHITESPACE else LETTER if cat == "L" else NUMBER if cat == "N" else OTHER
+    return k
+
+
+def _gpt2_pieces(text: str) -> list[str]:
+    """``text`` split by GPT-2's pattern (module docstring), leftmost
+    alternative first at each position, as a regex engine would."""
+    out = []
+    n = len(text)
+    classes = [_char_class(c) for c in text]
+    i = 0
+    while i < n:
+        c, k = text[i], classes[i]
+        if c == "'":
+            word = next((w for w in CONTRACTIONS if text.startswith(w, i + 1)), None)
+            if word is not None:
+                out.append(text[i:i + 1 + len(word)])
+                i += 1 + len(word)
+                continue
+        start = i
+        if c == " " and i + 1 < n and classes[i + 1] != SPACE:
+            i += 1  # " ?" before a letter, number or other run
+            k = classes[i]
+        if k != SPACE:
+            i += 1
+            while i < n and classes[i] == k:
+                i += 1
+            out.append(text[start:i])
+            continue
+        j = i + 1
+        while j < n and classes[j] == SPACE:
+            j += 1
+        # \s+(?!\S): all of a run at the end; before a non-space, all but its
+        # last character (which then leads the next piece); a single one
+        # before a non-space is \s+ alone.
+        end = j if j == n or j - i == 1 else j - 1
+        out.append(text[i:end])
+        i = end
+    return out
+
+
+class BPETokenizer(PieceTable):
+    """Byte-level BPE over a GGUF vocab (module docstring).
+
+    Offers what ``SentencePieceTokenizer`` offers: ``encode`` (no BOS),
+    ``decode``, ``decode_bytes``, ``piece_bytes``, ``stream_decoder``,
+    ``token_id``, ``is_control``, ``vocab_size``/``bos_id``/``eos_id``/
+    ``unk_id``/``pad_id``, plus ``add_bos`` (does the model expect BOS
+    first?) and ``chat_template`` (the file's Jinja template, or None).
+    Building one checks the vocab and raises ``ModelFormatError`` naming
+    ``source`` and the rule broken.
+    """
+
+    def __init__(self, tokens: list[str], types: list[int], merges: list[str], bos_id: int, eos_id: int,
+                 unk_id: int | None = None, pad_id: int | None = None, pre: str = "smollm",
+                 add_bos: bool = False, chat_template: str | None = None, source: str = "") -> None:
+        where = source or "vocab"
+        n = len(tokens)
+        if n == 0:
+            raise ModelFormatError(f"{where}: vocab_size is 0, must be > 0")
+        if len(types) != n:
+            raise ModelFormatError(f"{where}: {len(types)} token types for {n} tokens; must equal vocab_size")
+        for field, value in (("bos_id", bos_id), ("eos_id", eos_id), ("unk_id", unk_id), ("pad_id", pad_id)):
+            if value is not None and (type(value) is not int or not 0 <= value < n):
+                raise ModelFormatError(f"{where}: {field} {value!r} must be in [0, vocab_size {n})")
+        if pre not in PRE_TOKENIZERS:
+            raise ModelFormatError(f"{where}: pre-tokenizer {pre!r} is not supported "
+                                   f"(supported: {', '.join(PRE_TOKENIZERS)})")
+        chars = byte_alphabet()
+        byte_of = {ch: b for b, ch in enumerate(chars)}
+        out: list[bytes] = []
+        control: list[bool] = []
+        ids: dict[str, int] = {}
+        for i, (token, ttype) in enumerate(zip(tokens, types)):
+            if not isinstance(token, str) or not token:
+                raise ModelFormatError(f"{where}: token {i}: empty or not a string")
+            if ttype == TOKEN_CONTROL:
+                out.append(b"")
+            elif ttype == TOKEN_NORMAL:
+                try:
+                    out.append(bytes(byte_of[ch] for ch in token))
+                except KeyError as e:
+                    raise ModelFormatError(f"{where}: token {i} ({token[:32]!r}) has {e.args[0]!r}, which is "
+                                           f"not in the byte-level alphabet") from None
+            else:
+                raise ModelFormatError(f"{where}: token {i} ({token[:32]!r}): type {ttype!r} is not supported "
+                                       f"(byte-level vocabs: {TOKEN_NORMAL} normal, {TOKEN_CONTROL} control)")
+            control.append(ttype == TOKEN_CONTROL)
+            ids.setdefault(token, i)
+        rank_of: dict[tuple[int, int], tuple[int, int]] = {}  # (left id, right id) -> (rank, merged id)
+        for rank, merge in enumerate(merges):
+            parts = merge.split(" ") if isinstance(merge, str) else ()
+            if len(parts) != 2 or not all(parts):
+                raise ModelFormatError(f"{where}: merge {rank} ({str(merge)[:40]!r}) must be two tokens "
+                                       f"separated by one space")
+            pair = [ids.get(p) for p in (*parts, parts[0] + parts[1])]
+            if None in pair:
+                raise ModelFormatError(f"{where}: merge {rank} ({merge[:40]!r}) names a token not in the vocab")
+            if (pair[0], pair[1]) in rank_of:
+                raise ModelFormatError(f"{where}: merge {rank} ({merge[:40]!r}) repeats merge "
+                                       f"{rank_of[pair[0], pair[1]][0]}")
+            rank_of[pair[0], pair[1]] = (rank, pair[2])
+
+        self.source = source
+        self.vocab_size = n
+        self.bos_id, self.eos_id, self.unk_id = bos_id, eos_id, unk_id
+        self.pad_id = pad_id
+        self.add_bos = add_bos
+        self.chat_template = chat_template
+        self.pre = pre
+        self._out = out
+        self._control = control
+        self._ids = {token.encode(): i for token, i in ids.items()}  # token_id() takes the file's spelling
+        self._byte_ids = [ids.get(ch, -1) for ch in chars]  # -1: not in the vocab, dropped
+        self._merges = rank_of
+        self._split_digits = PRE_TOKENIZERS[pre]
+        self._cache: dict[str, list[int]] = {}
+        self._specials = SpecialPieces([(tokens[i].encode(), i) for i in range(n) if control[i]])
+
+    @classmethod
+    def from_gguf(cls, path) -> BPETokenizer:
+        """The tokenizer a GGUF file's metadata describes (``path`` or a parsed
+        ``GGUFFile``; ``tokenizer.ggml.*``; BOS first only when
+        ``add_bos_token`` says so)."""
+        from ..formats import gguf_reader
+
+        gf = path if isinstance(path, gguf_reader.GGUFFile) else gguf_reader.parse_gguf(path)
+        name = gf.path
+
+        def get(key: str, kinds: tuple[int, ...], item_kinds: tuple[int, ...] | None = None, required=True):
+            f = gf.fields.get(key)
+            if f is None:
+                if required:
+                    raise ModelFormatError(f"{name}: metadata key {key} missing; a byte-level BPE vocab needs it")
+                return None
+            if f.type not in kinds or (item_kinds is not None and f.item_type not in item_kinds):
+                raise ModelFormatError(f"{name}: metadata key {key} has type {gguf_reader.type_name(f)}")
+            return f.value
+
+        model = get("tokenizer.ggml.model", (gguf_reader.STRING,))
+        if model != "gpt2":
+            raise ModelFormatError(f"{name}: tokenizer.ggml.model is {model!r}; a byte-level BPE needs 'gpt2'")
+        tokens = get("tokenizer.ggml.tokens", (gguf_reader.ARRAY,), (gguf_reader.STRING,))
+        types = [int(t) for t in get("tokenizer.ggml.token_type", (gguf_reader.ARRAY,), gguf_reader.INTEGER_TYPES)]
+        merges = get("tokenizer.ggml.merges", (gguf_reader.ARRAY,), (gguf_reader.STRING,))
+        special = {key: get(f"tokenizer.ggml.{key}_token_id", gguf_reader.INTEGER_TYPES, required=key in ("bos", "eos"))
+                   for key in ("bos", "eos", "unknown", "padding")}
+        add_bos = get("tokenizer.ggml.add_bos_token", (gguf_reader.BOOL,), required=False)
+        return cls(tokens, types, merges, special["bos"], special["eos"], special["unknown"], special["padding"],
+                   pre=get("tokenizer.ggml.pre", (gguf_reader.STRING,), required=False) or "gpt-2",
+                   add_bos=bool(add_bos), chat_template=get("tokenizer.chat_template", (gguf_reader.STRING,), required=False),
+                   source=name)
+
+    def encode(self, text: str | bytes, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``, without BOS. With ``parse_special`` the
+        control tokens written in the text become their ids (leftmost,
+        longest first); the text between them is encoded on its own."""
+        data = text_to_bytes(text)
+        return self._specials.split(data, self._encode_plain) if parse_special else self._encode_plain(data)
+
+    def _encode_plain(self, data: bytes) -> list[int]:
+        text = data.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 -> U+DC80..U+DCFF
+        ids: list[int] = []
+        cache = self._cache
+        for piece in self._pieces(text):
+            got = cache.get(piece)
+            if got is None:
+                if len(cache) >= CACHE_LIMIT:
+                    cache.clear()
+                got = cache[piece] = self._bpe(piece.encode("utf-8", "surrogateescape"))
+            ids += got
+        return ids
+
+    def _pieces(self, text: str) -> list[str]:
+        """Pre-tokenize: numbers one by one (if the vocab says so), GPT-2's pattern between them."""
+        if not self._split_digits:
+            return _gpt2_pieces(text)
+        out: list[str] = []
+        start = 0
+        for i, c in enumerate(text):
+            if _char_class(c) == NUMBER:
+                if i > start:
+                    out += _gpt2_pieces(text[start:i])
+                out.append(c)
+                start = i + 1
+        if start < len(text):
+            out += _gpt2_pieces(text[start:])
+        return out
+
+    def _bpe(self, piece: bytes) -> list[int]:
+        """Merge the byte symbols of one piece: lowest rank first, leftmost on ties."""
+        byte_ids = self._byte_ids
+        symbols = [byte_ids[b] for b in piece if byte_ids[b] >= 0]
+        merges = self._merges
+        while len(symbols) > 1:
+            best, at = None, -1
+            for k in range(len(symbols) - 1):
+                m = merges.get((symbols[k], symbols[k + 1]))
+                if m is not None and (best is None or m[0] < best[0]):
+                    best, at = m, k
+            if best is None:
+                break
+            symbols[at:at + 2] = [best[1]]
+        return symbols

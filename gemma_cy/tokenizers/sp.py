@@ -1,0 +1,318 @@
+"""The SentencePiece tokenizer of real Gemma models, built from a GGUF vocab (docs/model.md#gemma-3).
+
+A GGUF file carries no ``tokenizer.model``; it carries the pieces, their
+scores and their types (``tokenizer.ggml.tokens/scores/token_type``). From
+those this module writes a SentencePiece ``ModelProto`` with Gemma's
+settings and hands it to the ``sentencepiece`` package, so the encoding
+itself is SentencePiece's own BPE:
+
+* model type BPE: repeatedly merge the adjacent pair whose joined piece has
+  the highest score (leftmost on ties); byte fallback for characters no
+  piece covers; digits are single pieces in the vocab, so they come out
+  split one by one;
+* normalizer "identity": no NFKC, no dummy prefix, extra whitespace kept,
+  and every space written as U+2581 before matching;
+* user-defined pieces (newline, tab and space runs, HTML tags) are matched
+  whole, longest first, and never merged further. llama.cpp's converter
+  stores the space runs with real spaces ("  "); SentencePiece matches
+  after spaces became U+2581, so they go into the proto as "\u2581\u2581".
+
+The proto is serialized here by hand (five message fields are all it
+needs), which keeps ``protobuf`` out of the dependencies.
+
+Two things differ on purpose from running SentencePiece on the raw text:
+
+* Bytes that are not valid UTF-8 (see ``greedy.text_to_bytes``) become
+  their byte pieces, so ``decode_bytes(encode(b)) == b`` for any bytes;
+  SentencePiece itself would turn each into U+FFFD.
+* Control pieces (``<bos>``, ``<start_of_turn>``...) typed in the text are
+  plain text unless ``parse_special=True`` (docs/errors.md#case-20).
+
+Decoding turns U+2581 back into a space, a byte piece into its byte, and a
+control or unknown piece into nothing. Text with a literal U+2581 therefore
+decodes with a space there (as in every SentencePiece Gemma tokenizer).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import struct
+
+from ..errors import ModelFormatError
+from .greedy import PieceTable, SpecialPieces, text_to_bytes
+
+# GGUF token types (llama.cpp's llama_token_type), the same numbers as
+# SentencePiece's ModelProto.SentencePiece.Type.
+TOKEN_NORMAL = 1
+TOKEN_UNKNOWN = 2
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+TOKEN_UNUSED = 5
+TOKEN_BYTE = 6
+TOKEN_TYPES = (TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE)
+
+SPACE = b" "
+META_SPACE = "\u2581".encode()  # SentencePiece's visible space
+_BYTE_PIECE = re.compile(rb"<0x([0-9A-Fa-f]{2})>")
+_INVALID_RUN = re.compile("[\udc80-\udcff]+")  # bytes that are not UTF-8, after surrogateescape
+F32_MAX = 3.4028234663852886e38
+
+# The GGUF keys of the special ids; bos, eos and unk must be present.
+SPECIAL_KEYS = {
+    "bos": "tokenizer.ggml.bos_token_id",
+    "eos": "tokenizer.ggml.eos_token_id",
+    "unk": "tokenizer.ggml.unknown_token_id",
+    "pad": "tokenizer.ggml.padding_token_id",
+}
+
+
+def read_gguf_vocab(path) -> tuple[list[bytes], list[float], list[int], dict[str, int]]:
+    """``(pieces, scores, types, special ids)`` from a GGUF file's metadata
+    (``path``, or the file already parsed: a ``GGUFFile``).
+
+    The special ids dict maps "bos", "eos", "unk", "pad" to the ids the file
+    gives (keys it lacks are left out). The file is parsed and validated by
+    gemma_cy.formats.gguf; the vocabulary's own rules are checked by
+    ``SentencePieceTokenizer``.
+    """
+    from ..formats import gguf_reader
+
+    gf = path if isinstance(path, gguf_reader.GGUFFile) else gguf_reader.parse_gguf(path)
+    name = gf.path
+
+    def array(key: str, item_types: tuple[int, ...]) -> list:
+        field = gf.fields.get(key)
+        if field is None:
+            raise ModelFormatError(f"{name}: metadata key {key} missing; a SentencePiece vocab needs it")
+        if field.type != gguf_reader.ARRAY or field.item_type not in item_types:
+            found = gguf_reader.VALUE_TYPE_NAMES[field.type] if field.type < len(gguf_reader.VALUE_TYPE_NAMES) else field.type
+            raise ModelFormatError(f"{name}: metadata key {key} has type {found}, must be an array of "
+                                   f"{' or '.join(gguf_reader.VALUE_TYPE_NAMES[t] for t in item_types)}")
+        return list(field.value)
+
+    pieces = [piece.encode("utf-8") for piece in array("tokenizer.ggml.tokens", (gguf_reader.STRING,))]
+    scores = [float(x) for x in array("tokenizer.ggml.scores", gguf_reader.FLOAT_TYPES)]
+    types = [int(x) for x in array("tokenizer.ggml.token_type", gguf_reader.INTEGER_TYPES)]
+    special = {}
+    for short, key in SPECIAL_KEYS.items():
+        value = gf.value(key)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ModelFormatError(f"{name}: {key} = {value!r}, must be an integer id")
+            special[short] = value
+    return pieces, scores, types, special
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field_bytes(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _field_int(number: int, value: int) -> bytes:
+    """A varint protobuf field (wire type 0); negative ints as 10-byte two's complement."""
+    return _varint(number << 3) + _varint(value & 0xFFFFFFFFFFFFFFFF)
+
+
+def build_model_proto(pieces: list[bytes], scores: list[float], types: list[int], unk_id: int,
+                      bos_id: int, eos_id: int, pad_id: int) -> bytes:
+    """A serialized SentencePiece ``ModelProto`` (BPE) with Gemma's settings.
+
+    ``pieces`` are as the proto must spell them (spaces already U+2581),
+    ``types`` SentencePiece's enum. Field numbers are those of
+    ``sentencepiece_model.proto``: ModelProto{pieces 1, trainer_spec 2,
+    normalizer_spec 3}; SentencePiece{piece 1, score 2 (float), type 3}:
+    keys 0x0a (field 1, length-delimited), 0x15 (field 2, fixed32) and 0x18
+    (field 3, varint).
+    """
+    f32 = struct.Struct("<f").pack
+    small = [bytes((v,)) for v in range(128)]  # one-byte varints, the common case
+    parts = []
+    for piece, score, ptype in zip(pieces, scores, types):
+        size = len(piece)
+        entry = (b"\x0a" + (small[size] if size < 128 else _varint(size)) + piece
+                 + b"\x15" + f32(score) + b"\x18" + small[ptype])
+        size = len(entry)
+        parts.append(b"\x0a" + (small[size] if size < 128 else _varint(size)) + entry)
+    has_bytes = TOKEN_BYTE in types
+    trainer = b"".join([
+        _field_int(3, 2),                  # model_type = BPE
+        _field_int(4, len(pieces)),        # vocab_size
+        _field_int(25, 1),                 # split_digits
+        _field_int(26, 1),                 # allow_whitespace_only_pieces
+        _field_int(35, int(has_bytes)),    # byte_fallback
+        _field_int(40, unk_id),
+        _field_int(41, bos_id),
+        _field_int(42, eos_id),
+        _field_int(43, pad_id),
+        _field_bytes(45, pieces[unk_id]),  # unk_piece
+        _field_bytes(46, pieces[bos_id]),  # bos_piece
+        _field_bytes(47, pieces[eos_id]),  # eos_piece
+        _field_bytes(48, pieces[pad_id]),  # pad_piece
+    ])
+    normalizer = b"".join([
+        _field_bytes(1, b"identity"),      # name: no character map
+        _field_int(3, 0),                  # add_dummy_prefix = false
+        _field_int(4, 0),                  # remove_extra_whitespaces = false
+        _field_int(5, 1),                  # escape_whitespaces: " " -> U+2581
+    ])
+    parts.append(_field_bytes(2, trainer))
+    parts.append(_field_bytes(3, normalizer))
+    return b"".join(parts)
+
+
+class SentencePieceTokenizer(PieceTable):
+    """Gemma's SentencePiece BPE tokenizer over a GGUF vocab.
+
+    Offers what ``GreedyTokenizer`` offers: ``encode`` (no BOS), ``decode``,
+    ``decode_bytes``, ``piece_bytes``, ``stream_decoder``, ``token_id``,
+    ``is_control``, and ``vocab_size``/``bos_id``/``eos_id``/``unk_id``/
+    ``pad_id``. Building one checks the vocab and raises ``ModelFormatError``
+    naming ``source`` and the rule broken.
+    """
+
+    def __init__(self, pieces: list[bytes], scores: list[float], types: list[int], bos_id: int,
+                 eos_id: int, unk_id: int, pad_id: int | None = None, source: str = "") -> None:
+        import sentencepiece
+
+        where = source or "vocab"
+        n = len(pieces)
+        if n == 0:
+            raise ModelFormatError(f"{where}: vocab_size is 0, must be > 0")
+        if n >= 2**31:
+            raise ModelFormatError(f"{where}: vocab_size {n} exceeds SentencePiece's limit {2**31 - 1}")
+        if len(scores) != n or len(types) != n:
+            raise ModelFormatError(
+                f"{where}: {len(scores)} scores and {len(types)} token types for {n} tokens; "
+                f"each must equal vocab_size {n}")
+        if pad_id is None:
+            pad_id = unk_id
+        for field, value in (("bos_id", bos_id), ("eos_id", eos_id), ("unk_id", unk_id), ("pad_id", pad_id)):
+            if type(value) is not int or not 0 <= value < n:
+                raise ModelFormatError(f"{where}: {field} {value!r} must be in [0, vocab_size {n})")
+
+        sp_pieces: list[bytes] = []  # as the proto spells them
+        sp_types: list[int] = []
+        out: list[bytes] = []        # what each id decodes to
+        byte_ids = [-1] * 256        # the id of each byte's piece
+        first_of: dict[bytes, int] = {}
+        for i in range(n):
+            piece, score, ptype = pieces[i], scores[i], types[i]
+            if not isinstance(piece, bytes):
+                raise ModelFormatError(f"{where}: token {i}: piece is {type(piece).__name__}, must be bytes")
+            if type(ptype) is not int or ptype not in TOKEN_TYPES:
+                raise ModelFormatError(f"{where}: token {i} ({piece[:32]!r}): type {ptype!r} unknown, "
+                                       f"must be one of {TOKEN_TYPES}")
+            if not isinstance(score, (int, float)) or not math.isfinite(score) or abs(score) > F32_MAX:
+                raise ModelFormatError(f"{where}: token {i} ({piece[:32]!r}): score {score!r} must be a finite f32")
+            if not piece:
+                raise ModelFormatError(f"{where}: token {i}: empty piece")
+            try:
+                piece.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ModelFormatError(f"{where}: token {i}: piece {piece[:32]!r} is not valid UTF-8") from None
+            if i == unk_id:
+                ptype = TOKEN_UNKNOWN  # llama.cpp's converter types <unk> CONTROL; SentencePiece needs UNKNOWN
+            elif ptype == TOKEN_UNKNOWN:
+                raise ModelFormatError(f"{where}: token {i} ({piece[:32]!r}) is typed UNKNOWN but unk_id is "
+                                       f"{unk_id}; there must be exactly one unknown token")
+            spelled = piece
+            if ptype == TOKEN_BYTE:
+                m = _BYTE_PIECE.fullmatch(piece)
+                if m is None:
+                    raise ModelFormatError(f"{where}: token {i}: byte piece {piece[:32]!r} must be <0xHH> "
+                                           f"with exactly two hex digits")
+                value = int(m.group(1), 16)
+                if byte_ids[value] >= 0:
+                    raise ModelFormatError(f"{where}: token {i}: byte piece {piece!r} duplicates token "
+                                           f"{byte_ids[value]}")
+                byte_ids[value] = i
+                spelled = b"<0x%02X>" % value
+                out.append(bytes([value]))
+            elif ptype in (TOKEN_CONTROL, TOKEN_UNKNOWN):
+                out.append(b"")
+            else:
+                if ptype == TOKEN_USER_DEFINED:
+                    spelled = piece.replace(SPACE, META_SPACE)
+                out.append(piece.replace(META_SPACE, SPACE))
+            if spelled in first_of:
+                raise ModelFormatError(f"{where}: token {i} ({piece[:32]!r}) duplicates token {first_of[spelled]} "
+                                       f"({pieces[first_of[spelled]][:32]!r})")
+            first_of[spelled] = i
+            sp_pieces.append(spelled)
+            sp_types.append(ptype)
+
+        proto = build_model_proto(sp_pieces, scores, sp_types, unk_id, bos_id, eos_id, pad_id)
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
+        except Exception as e:  # sentencepiece raises RuntimeError/OSError with its own status text
+            raise ModelFormatError(f"{where}: SentencePiece rejected the vocab: {e}") from None
+        if self._sp.get_piece_size() != n:
+            raise ModelFormatError(f"{where}: SentencePiece built {self._sp.get_piece_size()} pieces from {n}")
+
+        self.source = source
+        self.vocab_size = n
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.unk_id = unk_id
+        self.pad_id = pad_id
+        self._out = out
+        self._byte_ids = [unk_id if b < 0 else b for b in byte_ids]  # a byte without a piece is unknown
+        self._control = [t in (TOKEN_CONTROL, TOKEN_UNKNOWN) for t in sp_types]
+        self._ids: dict[bytes, int] = {}
+        for i, piece in enumerate(pieces):
+            self._ids.setdefault(piece, i)
+        self._specials = SpecialPieces([(pieces[i], i) for i in range(n) if self._control[i]])
+
+    @classmethod
+    def from_gguf(cls, path) -> SentencePieceTokenizer:
+        """The tokenizer a GGUF file's metadata describes (``path`` or a parsed
+        ``GGUFFile``; see ``read_gguf_vocab``)."""
+        from ..formats.gguf_reader import GGUFFile
+
+        name = path.path if isinstance(path, GGUFFile) else os.fspath(path)
+        pieces, scores, types, special = read_gguf_vocab(path)
+        for key in ("bos", "eos", "unk"):
+            if key not in special:
+                raise ModelFormatError(f"{name}: metadata key {SPECIAL_KEYS[key]} missing")
+        return cls(pieces, scores, types, special["bos"], special["eos"], special["unk"],
+                   special.get("pad"), source=name)
+
+    def encode(self, text: str | bytes, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``, without BOS.
+
+        With ``parse_special`` the control pieces written in the text
+        (``<start_of_turn>``...) become their ids, leftmost and longest
+        first; the text between them is encoded as usual.
+        """
+        data = text_to_bytes(text)
+        return self._specials.split(data, self._encode_plain) if parse_special else self._encode_plain(data)
+
+    def _encode_plain(self, data: bytes) -> list[int]:
+        """SentencePiece ids of ``data``; bytes that are not UTF-8 become byte pieces."""
+        if not data:
+            return []
+        try:
+            return self._sp.encode(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            pass
+        text = data.decode("utf-8", "surrogateescape")
+        ids: list[int] = []
+        done = 0
+        for m in _INVALID_RUN.finditer(text):
+            if m.start() > done:
+                ids += self._sp.encode(text[done:m.start()])
+            ids += [self._byte_ids[ord(c) - 0xDC00] for c in m.group()]
+            done = m.end()
+        if done < len(text):
+            ids += self._sp.encode(text[done:])
+        return ids
