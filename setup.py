@@ -50,14 +50,19 @@ def extension(name: str, sources: list[str], extra_args: tuple[str, ...] = (),
 # with its own -m flags and never -march=native; gemma_cy.fast.ops picks one at
 # import. "generic" has no -m flags, so it runs anywhere.
 MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
-SIMD_FLAGS: dict[str, tuple[str, ...]] = {"generic": ()}
+# A module without FMA intrinsics of its own for a kernel runs the portable C loop
+# (kernels/common.pxi), which must give one order of operations wherever gcc
+# inlines it: no FMA contraction (a contracted and an uncontracted copy of one
+# attention score differ in the last bit; docs/numerics.md#bit-for-bit).
+PORTABLE = ("-ffp-contract=off",)
+SIMD_FLAGS: dict[str, tuple[str, ...]] = {"generic": PORTABLE}
 if MACHINE == "x86_64":
     # F16C converts the Q8_0 block scales; every AVX2 and AVX-512 CPU has it
     # (gemma_cy.fast.cpu_features checks it with the rest).
     SIMD_FLAGS["avx2"] = ("-mavx2", "-mfma", "-mf16c")
-    SIMD_FLAGS["avx512"] = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl")
+    SIMD_FLAGS["avx512"] = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", *PORTABLE)
 elif MACHINE == "aarch64":
-    SIMD_FLAGS["neon"] = ()
+    SIMD_FLAGS["neon"] = PORTABLE
 
 EXTENSIONS = [
     extension("gemma_cy.fast.cpu_features", ["gemma_cy/fast/cpu_features.pyx"]),
