@@ -60,11 +60,13 @@ def kernels(isa: str):
 # Shared checks of two engines, and of the reference against an oracle's goldens
 
 
-def greedy_engines_agree(ref, fast, ids, n: int, label: str) -> None:
+def greedy_engines_agree(ref, fast, ids, n: int, label: str, judge_drift: bool = True) -> list[int]:
     """Reset both engines, prefill ``ids`` and greedy-decode ``n`` tokens on
-    each: the ids must be equal and every step's logits (the last one's too)
-    within docs/numerics.md#tolerances's default tolerance. A divergence reports the step,
-    both ids and the reference's top-1/top-2 margin."""
+    each: the ids must be equal (docs/numerics.md#greedy-agreement; a
+    divergence reports the step, both ids and the reference's top-1/top-2
+    margin). With ``judge_drift``, every step's logits (the last one's too),
+    each engine running on its own cache, must also be within the default
+    tolerance of docs/numerics.md#tolerances. Returns the greedy ids."""
     import numpy as np
 
     from gemma_cy.model.tolerance import DEFAULT
@@ -73,14 +75,19 @@ def greedy_engines_agree(ref, fast, ids, n: int, label: str) -> None:
     ref.reset()
     fast.reset()
     want, got = ref.prefill(ids), fast.prefill(ids)
+    out = []
     for step in range(n):
         a, b = int(np.argmax(want)), int(np.argmax(got))
         top2 = np.sort(want)[-2:]
         assert a == b, (f"{label}: step {step}: reference id {a}, fast id {b}; "
                         f"reference top-1/top-2 margin {top2[1] - top2[0]:.6g}")
-        np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=f"{label}: logits at step {step}")
+        if judge_drift:
+            np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=f"{label}: logits at step {step}")
+        out.append(a)
         want, got = ref.decode(a), fast.decode(b)
-    np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=f"{label}: final logits")
+    if judge_drift:
+        np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=f"{label}: final logits")
+    return out
 
 
 def reference_agrees_with_oracle(reference, prompt: dict, golden_dir: Path, rms_limit: float) -> None:
