@@ -130,3 +130,20 @@ def test_bad_inputs_are_one_line_value_errors():
     with pytest.raises(ValueError, match="IQ4_NL has no integer blocks"):
         to_affine(np.zeros(18, np.uint8), GGML_TYPE_IDS["IQ4_NL"], (1, 32))
     assert set(DECOMPOSERS) <= set(GGML_TYPES)
+
+
+@pytest.mark.parametrize("name", AFFINE_TYPES)
+def test_affine_tensor_holds_the_files_weights(name):
+    from gemma_cy.quant.affine import AffineTensor
+
+    t = GGML_TYPES[GGML_TYPE_IDS[name]]
+    rng = np.random.default_rng(5)
+    raw = rng.integers(0, 256, (3, 2 * t.type_size), dtype=np.uint8)
+    for blk in range(2):
+        for f in F16_AT[name]:
+            at = blk * t.type_size + f
+            raw[:, at:at + 2] = rng.normal(0, 0.1, 3).astype("<f2").view(np.uint8).reshape(3, 2)
+    w = AffineTensor.from_raw(raw, t.id, (3, 2 * t.block_size))
+    assert w.shape == (3, 2 * t.block_size) and w.source == name
+    assert same_bits(w.dequantize(), theirs(raw, name))
+    assert same_bits(w.row(1), theirs(raw, name)[1])

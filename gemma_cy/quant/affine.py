@@ -19,7 +19,7 @@ sums are the engine's).
 ``to_affine(raw, ggml_type, shape)`` returns an ``AffineLevels``; ``records``
 packs it as the fast engine reads it: per sub-block, the ``sub`` int8 levels,
 then ``a`` (f32), then ``b`` (f32) when the type has offsets, back to back
-along each row.
+along each row. ``AffineTensor`` is a weight matrix held so.
 """
 from __future__ import annotations
 
@@ -221,3 +221,49 @@ def to_affine(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> Affine
                         a=np.ascontiguousarray(a, dtype=np.float32).reshape(lead + (n_sub,)),
                         b=None if b is None else np.ascontiguousarray(b, dtype=np.float32).reshape(lead + (n_sub,)),
                         sub=sub)
+
+
+@dataclass(frozen=True)
+class AffineTensor:
+    """A weight matrix (rows, cols) of a ggml integer block type, laid out as
+    packed records (``AffineLevels.records``): uint8 (rows, cols // sub,
+    sub + 4 [+ 4]). ``source`` names the file's type (Q4_K...)."""
+
+    records: np.ndarray
+    sub: int
+    has_offset: bool
+    source: str
+
+    def __post_init__(self) -> None:
+        r = self.records
+        want = self.sub + 4 + (4 if self.has_offset else 0)
+        if not isinstance(r, np.ndarray) or r.dtype != np.uint8 or r.ndim != 3 or r.shape[-1] != want \
+                or self.sub not in (16, 32):
+            raise TypeError(f"AffineTensor needs uint8 records (rows, n_sub, {want}) and sub 16 or 32")
+
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> AffineTensor:
+        """The matrix stored as ``raw`` bytes of ``ggml_type`` (see ``to_affine``)."""
+        levels = to_affine(raw, ggml_type, shape)
+        return cls(levels.records(), levels.sub, levels.b is not None, GGML_TYPES[ggml_type].name)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.records.shape[0], self.records.shape[1] * self.sub)
+
+    def levels(self) -> AffineLevels:
+        """The records unpacked (views where they can be)."""
+        s = self.sub
+        q = self.records[:, :, :s].view(np.int8).reshape(self.shape)
+        a = self.records[:, :, s:s + 4].copy().view("<f4")[..., 0].astype(np.float32)
+        b = self.records[:, :, s + 4:].copy().view("<f4")[..., 0].astype(np.float32) if self.has_offset else None
+        return AffineLevels(q=q, a=a, b=b, sub=s)
+
+    def dequantize(self) -> np.ndarray:
+        """All weights as f32: ggml's dequantized values, bit for bit."""
+        return self.levels().values()
+
+    def row(self, index: int) -> np.ndarray:
+        """One row as f32 (an embedding lookup)."""
+        one = AffineTensor(self.records[index:index + 1], self.sub, self.has_offset, self.source)
+        return one.dequantize()[0]
