@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gemma_cy.model.checks import check_activation_mode
 from gemma_cy.model.config import ModelConfig
 from gemma_cy.quant.tensors import Q8_0_BLOCK, Int8Tensor, Q8_0Tensor, quantize_activations_q8
 from gemma_cy.model.observe import Observer  # observer(layer, op, pos, value): the calls are listed there
@@ -122,10 +123,10 @@ class F32Weights:
     def from_weights(cls, weights: Weights, activations: str = "f32") -> "F32Weights":
         """Dequantize every tensor of ``weights`` (q * scale, docs/formats.md#int8-per-tensor-quantization) once.
         activations "q8": the matrices become Q8Matrix (int8 inputs) instead;
-        the embedding rows and norm gains stay f32."""
+        the embedding rows and norm gains stay f32. ParameterError for a mode
+        the model cannot run (gemma_cy.model.checks.check_activation_mode)."""
         c = weights.config
-        if activations not in ("f32", "q8"):
-            raise ValueError(f"activations = {activations!r}, expected 'f32' or 'q8'")
+        check_activation_mode(activations, c)
 
         def deq(name: str) -> np.ndarray:
             return weights[name].dequantize()
@@ -161,13 +162,15 @@ class F32Weights:
 
 
 class KVCache:
-    """Rotated keys and raw values of every layer and position so far."""
+    """Rotated keys and raw values of every layer and position so far
+    (``key_cache``, ``value_cache``: llama2.c's names, as in the fast
+    engine's FastModel)."""
 
     def __init__(self, config: ModelConfig, max_len: int) -> None:
         shape = (config.n_layers, max_len, config.n_kv_heads, config.head_dim)
         self.max_len = max_len
-        self.keys = np.zeros(shape, dtype=np.float32)  # (n_layers, max_len, nkv, hd)
-        self.values = np.zeros(shape, dtype=np.float32)  # (n_layers, max_len, nkv, hd)
+        self.key_cache = np.zeros(shape, dtype=np.float32)  # (n_layers, max_len, nkv, hd)
+        self.value_cache = np.zeros(shape, dtype=np.float32)  # (n_layers, max_len, nkv, hd)
 
 
 def no_observer(layer: int, op: str, pos: int, value: np.ndarray) -> None:
@@ -247,7 +250,7 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(GELU_TANH_C * (x + GELU_TANH_A * x * x * x)))
 
 
-ACTIVATION_FUNCTIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+GATE_ACTIVATION_FUNCTIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
 def window_start(pos: int, window: int) -> int:
@@ -291,13 +294,13 @@ def attention(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCac
     observer(layer, "k", pos, k)
     observer(layer, "v", pos, v)
 
-    cache.keys[layer, pos] = k
-    cache.values[layer, pos] = v
+    cache.key_cache[layer, pos] = k
+    cache.value_cache[layer, pos] = v
     start = window_start(pos, c.window(layer))
     # GQA: query head h reads kv head h * nkv // nh
     kv_head = np.arange(c.n_heads) * c.n_kv_heads // c.n_heads  # (nh,)
-    keys = cache.keys[layer, start:pos + 1][:, kv_head]  # (T, nh, hd)
-    values = cache.values[layer, start:pos + 1][:, kv_head]  # (T, nh, hd)
+    keys = cache.key_cache[layer, start:pos + 1][:, kv_head]  # (T, nh, hd)
+    values = cache.value_cache[layer, start:pos + 1][:, kv_head]  # (T, nh, hd)
 
     scores = np.einsum("hd,thd->ht", q, keys) * np.float32(c.scores_scale)  # (nh, T)
     if c.attn_softcap > 0:
@@ -310,7 +313,7 @@ def attention(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCac
 
 def mlp(x: np.ndarray, w: LayerWeights, config: ModelConfig) -> np.ndarray:
     """Gated MLP: down(act(gate x) * (up x)); xn (dim,) -> (dim,)."""
-    act = ACTIVATION_FUNCTIONS[config.activation]
+    act = GATE_ACTIVATION_FUNCTIONS[config.activation]
     h = act(w.gate_proj @ x) * (w.up_proj @ x)  # (mlp,)
     return w.down_proj @ h  # (dim,)
 

@@ -8,11 +8,9 @@ expose the same methods, raise the same errors and call the same observer.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
-from gemma_cy.model.checks import cache_length, check_position, check_prefill, check_token, non_finite_error
+from gemma_cy.model.checks import CheckedEngine, cache_length, non_finite_error
 # The observer's calls (which, in what order, what shapes) are defined once, in
 # gemma_cy.model.observe, for both engines; re-exported here.
 from gemma_cy.model.observe import OBSERVED_OPS, observed_calls
@@ -32,9 +30,11 @@ def _read_only(observer: Observer) -> Observer:
     return observe
 
 
-class ReferenceEngine:
+class ReferenceEngine(CheckedEngine):
     """NumPy reference engine over ``weights`` with a KV cache of
-    min(max_cache_len, config.max_seq_len) positions.
+    min(max_cache_len, config.max_seq_len) positions: ``reset()``,
+    ``forward(token, pos)``, ``prefill(ids)``, ``decode(token)``
+    (gemma_cy.model.checks.CheckedEngine: they check their inputs first).
 
     Computes in f32 from weights dequantized once here (docs/numerics.md#the-reference);
     ``activations="q8"`` quantizes every matrix input to int8 per block of 32
@@ -55,32 +55,13 @@ class ReferenceEngine:
         self.cache = KVCache(self.config, self.cache_len)
         self.pos = 0
 
-    def reset(self) -> None:
-        """Forget every position: the next prefill starts at position 0."""
-        self.pos = 0
-
-    def forward(self, token: int, pos: int, observer: Observer | None = None) -> np.ndarray:
-        """Run ``token`` at position ``pos`` (0 <= pos <= self.pos) and return
-        its logits (vocab,) f32. Positions after ``pos`` are forgotten
-        (self.pos becomes pos + 1)."""
-        token = check_token(token, self.config.vocab_size)
-        pos = check_position(pos, self.pos, self.cache_len)
-        return self._step(token, pos, no_observer if observer is None else _read_only(observer))
-
-    def prefill(self, ids: Sequence[int], observer: Observer | None = None) -> np.ndarray:
-        """Run ``ids`` at positions self.pos, self.pos+1, ...; return the logits
-        (vocab,) of the last one. Every id and position is checked first.
-        As in the fast engine, only the last position computes logits (the
-        output layer is the largest matrix); the observer sees "logits" once."""
-        ids = check_prefill(ids, self.pos, self.config.vocab_size, self.cache_len)
+    def _run(self, ids: list[int], start: int, observer: Observer | None) -> np.ndarray:
+        """Positions start .. start+len(ids)-1, inputs already checked, one
+        ``_step`` each; the logits of the last."""
         observe = no_observer if observer is None else _read_only(observer)
         for i, token in enumerate(ids):
-            out = self._step(token, self.pos, observe, want_logits=i == len(ids) - 1)
+            out = self._step(token, start + i, observe, want_logits=i == len(ids) - 1)
         return out
-
-    def decode(self, token: int, observer: Observer | None = None) -> np.ndarray:
-        """Run one token at the next position; return its logits (vocab,)."""
-        return self.forward(token, self.pos, observer)
 
     def _step(self, token: int, pos: int, observe: Observer, want_logits: bool = True) -> np.ndarray | None:
         """One position, inputs already checked; returns its logits (None when

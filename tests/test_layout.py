@@ -141,3 +141,11 @@ def test_module_has_one_job(path):
 def test_top_level_holds_only_the_public_surface():
     top = {p.name for p in (ROOT / "gemma_cy").iterdir() if p.suffix == ".py"}
     assert top <= {"__init__.py", "__main__.py", "api.py", "errors.py"}, top
+
+
+def test_the_observer_type_is_defined_once():
+    """``Observer`` (the per-layer hook's type) lives in gemma_cy/model/observe.py;
+    every other module imports it instead of spelling it again."""
+    defined = [str(path.relative_to(ROOT)) for path, _ in package_modules()
+               if re.search(r"^Observer\s*=", path.read_text(encoding="utf-8"), re.M)]
+    assert defined == ["gemma_cy/model/observe.py"], defined

@@ -6,29 +6,27 @@
 
 The forward pass itself is ``FastModel`` of the SIMD module in use
 (gemma_cy/fast/forward.pxi, built into every gemma_cy.fast.simd_<isa>): one
-GIL-free call per prefill or decode step. This wrapper is the boundary: it
-checks every token id and position first (gemma_cy.model.checks, the reference's
-errors and messages), turns a non-finite step into NumericalError, and calls
-the observer (gemma_cy.model.observe) from the step's trace.
+GIL-free call per prefill or decode step. This wrapper is the boundary: its
+``reset``, ``forward``, ``prefill`` and ``decode`` are the reference's
+(gemma_cy.model.checks.CheckedEngine: every token id and position checked
+first, the same errors and messages); its ``_run`` turns a non-finite step
+into NumericalError and calls the observer (gemma_cy.model.observe) from
+the step's trace.
 
-Differences from the reference, all on purpose:
-  - prefill computes the logits of its last position only (the lm_head is the
-    biggest matrix of a real model), so with an observer the "logits" op is
-    observed at that position only; every other op at every position.
-  - NaN/Inf is found by checking the residual stream after the embedding and
-    each layer, so a prefill stops at the first position that goes non-finite,
-    naming that layer. Non-finite logits from a finite residual (a broken
-    lm_head) can only show where logits are computed: at a prefill's last
-    position (the reference names the first).
+As in the reference, a prefill computes the logits of its last position only
+(the lm_head is the biggest matrix of a real model), so with an observer the
+"logits" op is observed at that position only; NaN/Inf is found by checking
+the residual stream after the embedding and each layer, so a prefill stops
+at the first position that goes non-finite, naming that layer; non-finite
+logits from a finite residual (a broken lm_head) show where logits are
+computed: at a prefill's last position.
 """
 from __future__ import annotations
-
-from typing import Sequence
 
 import numpy as np
 
 from . import ops
-from ..model.checks import cache_length, check_position, check_prefill, check_token, non_finite_error
+from ..model.checks import CheckedEngine, cache_length, non_finite_error
 from ..model.observe import Observer, observed_calls
 from ..model.weights import Weights
 
@@ -36,19 +34,20 @@ from ..model.weights import Weights
 PREFILL_CHUNK = 64  # positions per GIL-free call in a prefill (~1 s on Gemma 3 270M at worst)
 
 
-class FastEngine:
+class FastEngine(CheckedEngine):
     """The Cython engine over ``weights`` with a KV cache of
     min(max_cache_len, config.max_seq_len) positions.
 
     ``isa`` names the SIMD module to run (gemma_cy.fast.ops.ISAS; None: the one
     gemma_cy.fast.ops chose for this CPU). Same interface as
-    gemma_cy_reference.model.ReferenceEngine: ``config``, ``cache_len``,
-    ``pos`` (positions filled so far), ``reset()``, ``forward(token, pos)``,
-    ``prefill(ids)``, ``decode(token)``, each returning the logits (vocab,)
-    f32 as a new array the caller owns. ``activations``: "f32" (default) or
-    "q8" (the opt-in int8-activation mode, docs/numerics.md#activation-modes; the reference
-    engine mirrors it). ``model`` is the FastModel (its
-    ``cache_keys``/``cache_values`` are read-only views of the KV cache).
+    gemma_cy_reference.model.ReferenceEngine (gemma_cy.model.checks.CheckedEngine):
+    ``config``, ``cache_len``, ``pos`` (positions filled so far), ``reset()``,
+    ``forward(token, pos)``, ``prefill(ids)``, ``decode(token)``, each
+    returning the logits (vocab,) f32 as a new array the caller owns.
+    ``activations``: "f32" (default) or "q8" (the opt-in int8-activation
+    mode, docs/numerics.md#activation-modes; the reference engine mirrors
+    it). ``model`` is the FastModel (its ``key_cache``/``value_cache`` are
+    read-only views of the KV cache).
     """
 
     def __init__(self, weights: Weights, max_cache_len: int, isa: str | None = None,
@@ -64,28 +63,6 @@ class FastEngine:
         self._calls = [(layer, op, layout[layer, op][0], int(np.prod(layout[layer, op][1])),
                         layout[layer, op][1]) for layer, op in observed_calls(self.config.n_layers)]
         self._logits_at = layout[self.config.n_layers, "logits"][0]
-
-    def reset(self) -> None:
-        """Forget every position: the next prefill starts at position 0."""
-        self.pos = 0
-
-    def forward(self, token: int, pos: int, observer: Observer | None = None) -> np.ndarray:
-        """Run ``token`` at position ``pos`` (0 <= pos <= self.pos) and return
-        its logits (vocab,) f32. Positions after ``pos`` are forgotten
-        (self.pos becomes pos + 1)."""
-        token = check_token(token, self.config.vocab_size)
-        pos = check_position(pos, self.pos, self.cache_len)
-        return self._run([token], pos, observer)
-
-    def prefill(self, ids: Sequence[int], observer: Observer | None = None) -> np.ndarray:
-        """Run ``ids`` at positions self.pos, self.pos+1, ...; return the logits
-        (vocab,) of the last one. Every id and position is checked first."""
-        ids = check_prefill(ids, self.pos, self.config.vocab_size, self.cache_len)
-        return self._run(ids, self.pos, observer)
-
-    def decode(self, token: int, observer: Observer | None = None) -> np.ndarray:
-        """Run one token at the next position; return its logits (vocab,)."""
-        return self.forward(token, self.pos, observer)
 
     def _run(self, ids: list[int], start: int, observer: Observer | None) -> np.ndarray:
         """Positions start .. start+len(ids)-1, inputs already checked: one

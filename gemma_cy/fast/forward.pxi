@@ -18,8 +18,9 @@
 # docs/numerics.md#activation-modes that the reference mirrors
 # (gemma_cy.quant.tensors.quantize_activations_q8).
 #
-# Included by every gemma_cy/fast/simd_<isa>.pyx after the kernels, so each ISA
-# module has the whole step with its own kernels inlined. The engine around
+# Included by every gemma_cy/fast/simd_<isa>.pyx after the kernels and their
+# wrappers (kernels/wrappers.pxi: _array validates the inputs here too), so
+# each ISA module has the whole step with its own kernels inlined. The engine around
 # it (index checks, observer calls, errors) is gemma_cy/fast/engine.py.
 #
 # Observer hook, one code path: with tracing on, the same step copies each
@@ -38,6 +39,7 @@ from libc.stdint cimport int32_t
 from libc.string cimport memcpy, memset
 
 from gemma_cy.errors import ModelFormatError
+from gemma_cy.model.checks import ACTIVATION_MODES, check_activation_mode
 from gemma_cy.model.observe import op_shape
 from gemma_cy.fast.arena import pack_matrices
 from gemma_cy.model.weights import LAYER_MATRICES
@@ -178,16 +180,18 @@ cdef inline Py_ssize_t _window_start(Py_ssize_t pos, Py_ssize_t window) noexcept
 cdef class FastModel:
     """The whole forward pass of one model in Cython, over this module's kernels.
 
-    FastModel(weights, cache_len): weights is a gemma_cy.weights.Weights (its
-    matrices, Int8Tensor or Q8_0Tensor, are used in place: zero-copy views of
-    the mapped file; a tied lm_head is the embedding itself), cache_len the
-    positions of the KV cache (1..config.max_seq_len).
+    FastModel(weights, cache_len, activations="f32"): weights is a
+    gemma_cy.model.weights.Weights (its matrices, Int8Tensor or Q8_0Tensor,
+    are used in place: zero-copy views of the mapped file; a tied lm_head is
+    the embedding itself), cache_len the positions of the KV cache
+    (1..config.max_seq_len), activations "f32" or "q8" (ParameterError for a
+    mode the model cannot run: gemma_cy.model.checks.check_activation_mode).
 
     ``run(ids, pos, logits=True, trace=False)`` runs the int32 ids at
     positions pos, pos+1, ... and returns how many positions completed.
     Results: ``last_logits`` (vocab,) of the last position, ``trace`` and
     ``trace_layout`` (the intermediates of a traced position), ``first_bad``,
-    ``cache_keys`` / ``cache_values`` (n_layers, cache_len, n_kv_heads,
+    ``key_cache`` / ``value_cache`` (n_layers, cache_len, n_kv_heads,
     head_dim): read-only views of buffers the next run overwrites.
     gemma_cy.fast.engine.FastEngine is the engine built on this.
     """
@@ -229,8 +233,8 @@ cdef class FastModel:
     cdef float* rope_sin  # (BLOCK, 2, hd/2)
     cdef float* out  # (vocab,) logits
     cdef float[::1] att  # (ATT_TILE * nh, cache_len) scores, then probabilities, of the rows of q_tile
-    cdef float[:, :, :, ::1] key_cache  # (n_layers, cache_len, nkv, hd), rotated keys
-    cdef float[:, :, :, ::1] value_cache  # (n_layers, cache_len, nkv, hd), raw values
+    cdef float[:, :, :, ::1] _key_cache  # (n_layers, cache_len, nkv, hd), rotated keys (key_cache, writable)
+    cdef float[:, :, :, ::1] _value_cache  # (n_layers, cache_len, nkv, hd), raw values (value_cache, writable)
     cdef int bad_at[BLOCK]  # per position of a block: ALL_FINITE or where it went non-finite
 
     # the trace of one position: embed, n_layers * the layer ops, final_norm, logits
@@ -241,7 +245,7 @@ cdef class FastModel:
     cdef Py_ssize_t trace_head  # offset of final_norm (logits follow it)
 
     cdef readonly int first_bad  # ALL_FINITE (-2), or where the last run went non-finite
-    cdef readonly object last_logits, cache_keys, cache_values, trace, trace_layout
+    cdef readonly object last_logits, key_cache, value_cache, trace, trace_layout
     cdef list _keep  # every array a pointer above points into
 
     def __cinit__(self):
@@ -254,12 +258,7 @@ cdef class FastModel:
         c = weights.config
         if not 0 < cache_len <= c.max_seq_len:
             raise ValueError(f"cache_len = {cache_len}, must be in [1, {c.max_seq_len}]")
-        if activations not in ("f32", "q8"):
-            raise ValueError(f"activations = {activations!r}, expected 'f32' or 'q8'")
-        self.act_q8 = activations == "q8"
-        if self.act_q8 and any(width % Q8_0_BLOCK for width in (c.dim, c.q_dim, c.mlp_dim)):
-            raise ModelFormatError(f"int8 activations need dim, n_heads*head_dim and mlp_dim to be multiples "
-                                   f"of {Q8_0_BLOCK}; this model has {c.dim}, {c.q_dim}, {c.mlp_dim}")
+        self.act_q8 = check_activation_mode(activations, c) == "q8"  # ParameterError when it does not fit
         self._keep = [weights]  # weights.keepalive holds the mapped file
         keep = self._keep
         self.n_layers, self.dim, self.n_heads, self.n_kv_heads = c.n_layers, c.dim, c.n_heads, c.n_kv_heads
@@ -333,9 +332,9 @@ cdef class FastModel:
         self.att = _zeros(ATT_TILE * c.n_heads * cache_len)
         keys = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
         values = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
-        self.key_cache, self.value_cache = keys, values
+        self._key_cache, self._value_cache = keys, values
         self.last_logits = _read_only_view(logits)
-        self.cache_keys, self.cache_values = _read_only_view(keys), _read_only_view(values)
+        self.key_cache, self.value_cache = _read_only_view(keys), _read_only_view(values)
         self._lay_out_trace(c)
         self.first_bad = ALL_FINITE
 
@@ -387,7 +386,7 @@ cdef class FastModel:
         self.tracing = trace
         try:
             with nogil:
-                done = self.steps(&tv[0], n, pos, logits)
+                done = self.run_blocks(&tv[0], n, pos, logits)
         finally:
             self.tracing = False
         return done
@@ -404,30 +403,32 @@ cdef class FastModel:
             raise IndexError(f"run: token id {token} outside the vocabulary [0, {self.vocab_size})")
         tok = <int32_t> token
         with nogil:
-            done = self.steps(&tok, 1, pos, True)
+            done = self.run_blocks(&tok, 1, pos, True)
         return done
 
     # -----------------------------------------------------------------------
     # The forward pass (reads like reference/model.py and reference/layers.py,
     # each layer over a block of T positions: row t of a (T, width) buffer
-    # is position pos0 + t)
+    # is position pos0 + t). run_block is the reference's ReferenceEngine._step
+    # over a block of positions; ``forward(token, pos)`` is, in both engines
+    # (FastEngine, ReferenceEngine), one token at one position, as in llama2.c.
 
-    cdef Py_ssize_t steps(self, const int32_t* ids, Py_ssize_t n, Py_ssize_t pos0,
-                          bint want_logits) except -1 nogil:
+    cdef Py_ssize_t run_blocks(self, const int32_t* ids, Py_ssize_t n, Py_ssize_t pos0,
+                               bint want_logits) except -1 nogil:
         """Positions pos0 .. pos0+n-1 (prefill, or one decode step) in blocks
         of BLOCK; logits of the last only. Stops after a block in which a
         position went non-finite and returns that position's index."""
         cdef Py_ssize_t lo = 0, t, size
         while lo < n:
             size = min(<Py_ssize_t> BLOCK, n - lo)
-            t = self.forward(ids + lo, size, pos0 + lo, want_logits and lo + size == n)
+            t = self.run_block(ids + lo, size, pos0 + lo, want_logits and lo + size == n)
             if t < size:
                 return lo + t
             lo += size
         return n
 
-    cdef Py_ssize_t forward(self, const int32_t* ids, Py_ssize_t T, Py_ssize_t pos0,
-                            bint want_logits) except -1 nogil:
+    cdef Py_ssize_t run_block(self, const int32_t* ids, Py_ssize_t T, Py_ssize_t pos0,
+                              bint want_logits) except -1 nogil:
         """Positions pos0 .. pos0+T-1 (T <= BLOCK): x = embed; x = block(x) for
         each layer; final_norm and logits (when want_logits) of the last
         position into self.out. Returns T, or the first position that went
@@ -531,8 +532,8 @@ cdef class FastModel:
         each row's scores and sums taking the steps one position alone takes."""
         cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads, kvd = self.kv_dim
         cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, t
-        cdef float* k = &self.key_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
-        cdef float* v = &self.value_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
+        cdef float* k = &self._key_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
+        cdef float* v = &self._value_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
         self.matmul(self.q, &w.q_proj, x, T)  # (T, nh, hd)
         self.matmul(k, &w.k_proj, x, T)  # (T, nkv, hd)
         self.matmul(v, &w.v_proj, x, T)  # (T, nkv, hd)
@@ -565,8 +566,8 @@ cdef class FastModel:
         self.matmul(out, &w.o_proj, self.ao, T)  # (T, dim)
         return 0
 
-    cdef void attend_tile(self, const LayerWeights* w, Py_ssize_t layer, const float* q, Py_ssize_t pos1,
-                          Py_ssize_t n_pos, Py_ssize_t n_group, Py_ssize_t g) noexcept nogil:
+    cdef int attend_tile(self, const LayerWeights* w, Py_ssize_t layer, const float* q, Py_ssize_t pos1,
+                         Py_ssize_t n_pos, Py_ssize_t n_group, Py_ssize_t g) except -1 nogil:
         """n_group query heads that read kv head g, of positions pos1 ..
         pos1+n_pos-1: q (n_pos rows qd apart, n_group, hd) -> ao_tile
         (n_pos, n_group, hd).
@@ -584,8 +585,8 @@ cdef class FastModel:
         cdef Py_ssize_t c1 = pos1 + 1 if pos1 + 1 > c0 else c0
         cdef float* att = &self.att[0]  # (rows, cache_len): row r's score of position lo + i at i
         cdef float* score
-        cdef const float* keys = &self.key_cache[layer, lo, g, 0]  # key of position lo + i: keys + i * kvd
-        cdef const float* values = &self.value_cache[layer, lo, g, 0]
+        cdef const float* keys = &self._key_cache[layer, lo, g, 0]  # key of position lo + i: keys + i * kvd
+        cdef const float* values = &self._value_cache[layer, lo, g, 0]
         for p in range(n_pos):
             memcpy(self.q_tile + p * n_group * hd, q + p * qd, n_group * hd * sizeof(float))
         k_scores(att, cl, self.q_tile, hd, rows, keys, kvd, hi - lo, hd)
@@ -614,6 +615,7 @@ cdef class FastModel:
             if end > split:
                 k_weighted_rows(self.ao_tile + p * n_group * hd, hd, att + p * n_group * cl + (split - lo), cl,
                                 n_group, values + (split - lo) * kvd, kvd, end - split, hd)
+        return 0
 
     cdef inline void mlp(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t T) noexcept nogil:
         """Gated MLP: down(act(gate x) * (up x)); xn (T, dim) -> out (T, dim)."""
@@ -660,8 +662,8 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
     _array(x, "x", np.float32, (2,))
     if x.shape[1] != m.cols:
         raise ValueError(f"gemm: x has {x.shape[1]} columns, the matrix {m.cols}")
-    if activations not in ("f32", "q8"):
-        raise ValueError(f"activations = {activations!r}, expected 'f32' or 'q8'")
+    if activations not in ACTIVATION_MODES:
+        raise ValueError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
     if activations == "q8" and m.cols % Q8_0_BLOCK:
         raise ValueError(f"gemm: q8 activations need cols % {Q8_0_BLOCK} == 0, got {m.cols}")
     out = np.empty((x.shape[0], m.rows), np.float32)

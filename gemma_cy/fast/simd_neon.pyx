@@ -1,12 +1,10 @@
 """gemma-cy kernels for NEON (Advanced SIMD) intrinsics, aarch64 only.
 
-One of the simd_<isa> modules built from the same sources (setup.py): the
-int8 dot product in kernels/dot_neon.pxi, the other kernels in
-kernels/common.pxi, and the whole forward pass over them (FastModel) in
-forward.pxi. gemma_cy.fast.ops picks the module this CPU runs best; the
-C interface is kernels/api.pxi.
+Its own files: kernels/dot_neon.pxi; the q8 mode's kernels are the portable
+kernels/q8_generic.pxi. The rest: docs/architecture.md#isa-dispatch.
 """
 include "kernels/common.pxi"
 include "kernels/dot_neon.pxi"
 include "kernels/q8_generic.pxi"
+include "kernels/wrappers.pxi"
 include "forward.pxi"

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
 from ..errors import ContextLengthError, ParameterError
+from ..model.observe import Observer
 from .sampling import Sampler
-
-Observer = Callable[[int, str, int, np.ndarray], None]
 
 
 class Engine(Protocol):

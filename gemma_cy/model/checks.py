@@ -4,7 +4,9 @@ reference and the fast engine raise the same errors with the same messages.
 Indices (token ids, positions) are checked here, before any computation:
 the kernels never see a bad one (docs/errors.md#case-32). Non-finite activations
 are reported after a step as one ``NumericalError`` naming the position and
-the first place that went non-finite (row 25).
+the first place that went non-finite (row 25). ``CheckedEngine`` is the
+engine interface both engines share (reset, forward, prefill, decode): it
+checks the inputs, then hands them to the engine's own ``_run``.
 """
 from __future__ import annotations
 
@@ -14,7 +16,29 @@ from typing import Sequence
 import numpy as np
 
 from .config import ModelConfig
+from .observe import Observer
 from ..errors import NumericalError, ParameterError, TokenIndexError
+from ..quant.tensors import Q8_0_BLOCK
+
+# How the engines compute a matrix product's input: "f32" (the default) or
+# "q8", the opt-in mode that quantizes every matrix input to int8 per block
+# of 32 (docs/numerics.md#activation-modes).
+ACTIVATION_MODES = ("f32", "q8")
+
+
+def check_activation_mode(activations, config: ModelConfig) -> str:
+    """``activations`` when it names a mode of ACTIVATION_MODES that the
+    model can run; else ParameterError (the user's choice of mode does not
+    fit the model). q8 quantizes the inputs of every matrix per block of 32,
+    so the widths they have (dim, n_heads*head_dim, mlp_dim) must be
+    multiples of 32."""
+    if activations not in ACTIVATION_MODES:
+        raise ParameterError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
+    widths = (config.dim, config.q_dim, config.mlp_dim)
+    if activations == "q8" and any(width % Q8_0_BLOCK for width in widths):
+        raise ParameterError(f"activations = 'q8' needs dim, n_heads*head_dim and mlp_dim to be multiples "
+                             f"of {Q8_0_BLOCK}; this model has {widths[0]}, {widths[1]}, {widths[2]}")
+    return activations
 
 
 def cache_length(max_cache_len, config: ModelConfig) -> int:
@@ -67,3 +91,46 @@ def non_finite_error(pos: int, first_bad: int | None, n_layers: int) -> Numerica
              f"layer {first_bad}" if first_bad is not None and 0 <= first_bad < n_layers else
              "the output head")
     return NumericalError(f"non-finite activations at position {pos} (first non-finite: {where})")
+
+
+class CheckedEngine:
+    """The interface of both engines (gemma_cy_reference.model.ReferenceEngine,
+    gemma_cy.fast.engine.FastEngine), with its boundary checks written once:
+    every id and position is checked here, so an engine's ``_run`` only ever
+    sees valid ones. Attributes the engine sets: ``config``, ``cache_len``
+    (positions the KV cache holds) and ``pos`` (positions filled so far)."""
+
+    config: ModelConfig
+    cache_len: int
+    pos: int
+
+    def reset(self) -> None:
+        """Forget every position: the next prefill starts at position 0."""
+        self.pos = 0
+
+    def forward(self, token: int, pos: int, observer: Observer | None = None) -> np.ndarray:
+        """Run ``token`` at position ``pos`` (0 <= pos <= self.pos) and return
+        its logits (vocab,) f32. Positions after ``pos`` are forgotten
+        (self.pos becomes pos + 1)."""
+        token = check_token(token, self.config.vocab_size)
+        pos = check_position(pos, self.pos, self.cache_len)
+        return self._run([token], pos, observer)
+
+    def prefill(self, ids: Sequence[int], observer: Observer | None = None) -> np.ndarray:
+        """Run ``ids`` at positions self.pos, self.pos+1, ...; return the logits
+        (vocab,) of the last one. Every id and position is checked first.
+        Only the last position computes logits (the output layer is the
+        largest matrix); the observer sees "logits" once."""
+        ids = check_prefill(ids, self.pos, self.config.vocab_size, self.cache_len)
+        return self._run(ids, self.pos, observer)
+
+    def decode(self, token: int, observer: Observer | None = None) -> np.ndarray:
+        """Run one token at the next position; return its logits (vocab,)."""
+        return self.forward(token, self.pos, observer)
+
+    def _run(self, ids: list[int], start: int, observer: Observer | None) -> np.ndarray:
+        """The engine's own: run the checked ``ids`` at positions start,
+        start+1, ... (logits of the last only), leave self.pos = start +
+        len(ids), and return the logits (vocab,) f32 as a new array the
+        caller owns; NumericalError on a non-finite step."""
+        raise NotImplementedError

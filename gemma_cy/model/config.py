@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import ModelFormatError
 
-ACTIVATIONS = ("silu", "gelu_tanh")
+GATE_ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's activation (ModelConfig.activation)
 ROPE_PAIRINGS = ("interleaved", "half_split")
 NORM_GAINS = ("plain", "one_plus")
 
@@ -109,8 +109,8 @@ class ModelConfig:
                 f"config: n_heads = {self.n_heads} is not a multiple of n_kv_heads = {self.n_kv_heads}")
         if self.head_dim % 2 != 0:
             raise ModelFormatError(f"config: head_dim = {self.head_dim}, must be even (RoPE pairs)")
-        if self.activation not in ACTIVATIONS:
-            raise ModelFormatError(f"config: activation = {self.activation!r}, expected one of {ACTIVATIONS}")
+        if self.activation not in GATE_ACTIVATIONS:
+            raise ModelFormatError(f"config: activation = {self.activation!r}, expected one of {GATE_ACTIVATIONS}")
         if self.rope_pairing not in ROPE_PAIRINGS:
             raise ModelFormatError(f"config: rope_pairing = {self.rope_pairing!r}, expected one of {ROPE_PAIRINGS}")
         if self.norm_gain not in NORM_GAINS:

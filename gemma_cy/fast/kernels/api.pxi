@@ -4,7 +4,7 @@
 # (or include the kernels and get them inlined).
 #
 # Conventions (llama2.c's): outputs first, then inputs, then sizes. Pointers are
-# raw and trusted (no checks: the def wrappers in common.pxi validate); int8
+# raw and trusted (no checks: the def wrappers in wrappers.pxi validate); int8
 # rows may start at any byte address; f32 pointers need only 4-byte alignment.
 # An output may be the same pointer as an input of the same shape (in-place)
 # except in the GEMVs (k_gemv_*, k_matvec), where out must not overlap x.
