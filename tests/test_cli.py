@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, cli
+from helpers import REPO, assert_one_line_error, cli
 
 from gemma_cy.formats.gmt import read_gmt
 from gemma_cy.formats.gmw import read_gmw
@@ -18,15 +18,6 @@ def run_json(model, *args):
     result = cli("--weights", str(model), "--json", *args)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-def assert_one_line_error(result, *needles):
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def independent_greedy(model_path, prompt_ids, n):
@@ -150,6 +141,21 @@ def test_bad_paths_are_one_line_errors(tmp_path, tiny_model_path):
     assert_one_line_error(cli("--weights", str(tmp_path)), "directory")
     assert_one_line_error(cli("--weights", str(tiny_model_path), "--tok_path", str(tmp_path / "nope.tok")), "nope.tok")
     assert_one_line_error(cli("--weights", str(tiny_model_path) + ".tok"), "format")
+
+
+@pytest.mark.parametrize("text, value", [("250", 250), ("-1", -1), ("+3", 3), ("1_000", 1000), (" 7 ", 7)])
+def test_int_flag_takes_decimal_integers(text, value):
+    from gemma_cy.commands.cli import int_flag
+    assert int_flag(text) == value
+
+
+@pytest.mark.parametrize("text", ["1e3", "0x10", "2.0", "", "ten"])
+def test_int_flag_refuses_anything_else_quoting_it(text):
+    import argparse
+
+    from gemma_cy.commands.cli import int_flag
+    with pytest.raises(argparse.ArgumentTypeError, match=f"expected an integer, got {text!r}"):
+        int_flag(text)
 
 
 def test_no_weights_and_no_default_model_says_how_to_get_it(monkeypatch, capsys):

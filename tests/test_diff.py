@@ -2,10 +2,9 @@
 import numpy as np
 import pytest
 
-from conftest import cli
+from helpers import cli
 
 from gemma_cy.commands.diff import diff
-from gemma_cy.formats.gmw import read_gmw
 from gemma_cy_reference.model import ReferenceEngine
 
 
@@ -27,11 +26,6 @@ class Perturbed(ReferenceEngine):
         return logits
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model_path):
-    return read_gmw(str(tiny_model_path))
-
-
 def test_identical_engines_agree(tiny):
     report = diff(ReferenceEngine(tiny, 64), ReferenceEngine(tiny, 64), [2, 50, 60], 8)
     assert report.ok and report.divergence is None and len(report.reference_ids) == 8
@@ -47,6 +41,19 @@ def test_a_perturbed_layer_is_flagged(tiny):
     assert not report.ok
     small = diff(ReferenceEngine(tiny, 64), Perturbed(tiny, 64, (1, "attn_norm"), 1e-4), [2, 50, 60], 2)
     assert small.layers_ok  # a relative 1e-4 is inside rtol 1e-3
+
+
+@pytest.mark.parametrize("op, flagged", [
+    ((-1, "embed"), [(-1, "embed"), (0, "resid_attn")]),
+    ((0, "resid_mlp"), [(0, "resid_mlp"), (1, "resid_attn")]),
+])
+def test_the_embedding_and_residual_adds_are_judged_exactly(tiny, op, flagged):
+    """The diff tool holds the ops the tests hold exact (the embedding, the
+    residual adds: gemma_cy.model.tolerance.OP_TOLERANCE) to exactness: a
+    relative change of 1e-6, far inside the default bound, is flagged there,
+    and at the next residual add that takes the changed value as its input."""
+    report = diff(ReferenceEngine(tiny, 64), Perturbed(tiny, 64, op, 1e-6), [2, 50, 60], 2)
+    assert [(r.layer, r.op) for r in report.rows if not r.ok] == flagged
 
 
 def test_first_divergence_reports_ids_and_margin(tiny):

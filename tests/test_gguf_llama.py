@@ -15,13 +15,9 @@ import pytest
 
 from gemma_cy.model.config import ModelConfig
 from gemma_cy.errors import ModelFormatError
-from gemma_cy.formats.gguf_writer import TensorData, write_gguf
-from gemma_cy.formats.gguf_model import gguf_tensor_name, read_gguf
-from gemma_cy.quant.ggml import GGML_TYPE_IDS
-from gemma_cy.quant.tensors import Q8_0Tensor
-from test_forward import greedy_both
-from test_forward_gguf import q8_0_weights
-from test_kernels import ISA
+from gemma_cy.formats.gguf_writer import write_gguf
+from gemma_cy.formats.gguf_model import read_gguf
+from helpers import ISA, gguf_tensors, greedy_both, q8_0_weights
 
 LLAMA = ModelConfig(
     n_layers=2, dim=64, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=96, vocab_size=160, max_seq_len=128,
@@ -43,14 +39,7 @@ def llama_fields(c: ModelConfig = LLAMA, **extra) -> dict:
 
 
 def write_llama(path, weights, **extra):
-    tensors = []
-    for name, t in weights.tensors.items():
-        if isinstance(t, Q8_0Tensor):
-            tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["Q8_0"], tuple(reversed(t.shape)),
-                                      t.blocks))
-        else:
-            tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["F32"], t.shape, t.data))
-    write_gguf(path, llama_fields(**extra), tensors)
+    write_gguf(path, llama_fields(**extra), gguf_tensors(weights))
     return path
 
 

@@ -9,9 +9,6 @@ import hashlib
 import math
 import os
 import struct
-import subprocess
-import sys
-import textwrap
 import time
 import tracemalloc
 
@@ -26,8 +23,7 @@ from gemma_cy.formats.gmw import HEADER_SIZE, gmw_config, gmw_file_size, gmw_lay
 from gemma_cy.commands.presets import preset_config, random_weights
 from gemma_cy.quant.tensors import Int8Tensor, quantize_per_tensor
 from gemma_cy.model.weights import expected_shapes
-
-TINY_SHA256 = "83f240224e71ca95a87356a016b2ccb41a26efa10af4c150935cd1d5f0c8df57"
+from helpers import TINY_SHA256, assert_rejected_under_python_O
 
 SMALL = dict(n_layers=1, dim=8, n_heads=2, n_kv_heads=1, mlp_dim=12,
              vocab_size=10, max_seq_len=4, head_dim=4, rope_base=10000.0)
@@ -387,27 +383,7 @@ def test_rejects_under_python_O(tmp_path, small_file):
         "huge": header(n_layers=2**32 - 1),
         "nan_scale": raw[:-4] + struct.pack("<f", math.nan),
     }
-    for name, data in cases.items():
-        (tmp_path / name).write_bytes(data)
-    script = textwrap.dedent(f"""
-        import sys
-        from gemma_cy.errors import ModelFormatError
-        from gemma_cy.formats.gmw import read_gmw
-        if __debug__:
-            sys.exit("not running under -O")
-        for name in {sorted(cases)!r}:
-            try:
-                read_gmw({str(tmp_path)!r} + "/" + name)
-            except ModelFormatError:
-                continue
-            sys.exit("accepted " + name)
-        read_gmw({small_file[0]!r})
-        print("ok")
-    """)
-    out = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0, out.stderr + out.stdout
-    assert out.stdout.strip() == "ok"
+    assert_rejected_under_python_O("gemma_cy.formats.gmw:read_gmw", tmp_path, cases, small_file[0])
 
 
 # ------------------------------------------------------- writer

@@ -24,11 +24,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from gemma_cy.fast import ops
+from gemma_cy.model.tolerance import DEFAULT, PROBABILITIES
 
-from conftest import AVAILABLE, ISA, kernels
+from helpers import AVAILABLE, ISA, kernels
 
-ATOL, RTOL = 2e-3, 1e-3  # docs/numerics.md#tolerances, default
-ATOL_ACT, RTOL_ACT = 1e-4, 1e-5  # docs/numerics.md#tolerances, softmax and SiLU/GELU
+ATOL, RTOL = DEFAULT  # docs/numerics.md#tolerances, default
+ATOL_ACT, RTOL_ACT = PROBABILITIES  # docs/numerics.md#tolerances, softmax and SiLU/GELU
 U = 2.0 ** -24  # unit roundoff of f32
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -83,6 +84,11 @@ def read_only(a: np.ndarray) -> np.ndarray:
 X_MAX, W_MAX, N_MAX = 2.0, 1.0, 300  # dot_error_bound(300, 2, 1) ~ 1.8e-3 <= ATOL
 
 
+def i8_f64(q: np.ndarray, x: np.ndarray, scale) -> np.ndarray:
+    """The int8 dot product or GEMV, (q @ x) * scale, computed in float64."""
+    return (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale)
+
+
 def test_dot_value_ranges_keep_the_default_tolerance():
     assert dot_error_bound(N_MAX, X_MAX, W_MAX) <= ATOL
     assert all(dot_error_bound(n, 1.0, 2 / np.sqrt(n)) <= ATOL for n in (640, 1152, 2048))
@@ -98,7 +104,7 @@ def test_dot_i8_every_length(isa):
         q = int8_at(rng.integers(-128, 128, n).astype(np.int8), (7 * n) % 64)
         x = f32_at(rng.uniform(-X_MAX, X_MAX, n).astype(np.float32), n % 16)
         scale = np.float32(W_MAX / 128)
-        expected = (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale)
+        expected = i8_f64(q, x, scale)
         assert_close(m.dot_i8(q, x, scale), expected)
 
 
@@ -110,21 +116,33 @@ def test_dot_i8_matches_numpy(isa, data, n, q_offset, x_offset, scale):
     q = data.draw(hnp.arrays(np.int8, n))
     x = data.draw(hnp.arrays(np.float32, n, elements=st.floats(-X_MAX, X_MAX, width=32)))
     q, x = read_only(int8_at(q, q_offset)), read_only(f32_at(x, x_offset))
-    expected = (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale)
+    expected = i8_f64(q, x, scale)
     assert_close(kernels(isa).dot_i8(q, x, scale), expected)
+
+
+# Drawn GEMV cases: any shape (rows not a multiple of 4, column tails), the
+# matrix read-only at any byte offset, the weights and inputs in the ranges of
+# dot_error_bound.
+GEMV_I8_CASES = given(data=st.data(), rows=st.integers(1, 24), cols=st.integers(1, N_MAX),
+                      offset=st.integers(0, 63), scale=st.floats(1e-4, W_MAX / 128).map(np.float32))
+
+
+def draw_gemv_i8(data, rows: int, cols: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """(q (rows, cols) read-only at ``offset``, x (cols,) read-only) of one drawn case."""
+    q = read_only(int8_at(data.draw(hnp.arrays(np.int8, (rows, cols))), offset))
+    x = read_only(data.draw(hnp.arrays(np.float32, cols, elements=st.floats(-X_MAX, X_MAX, width=32))))
+    return q, x
 
 
 @ISA
 @SETTINGS
-@given(data=st.data(), rows=st.integers(1, 24), cols=st.integers(1, N_MAX), offset=st.integers(0, 63),
-       scale=st.floats(1e-4, W_MAX / 128).map(np.float32))
+@GEMV_I8_CASES
 def test_gemv_i8_matches_numpy(isa, data, rows, cols, offset, scale):
     """Read-only matrix at any byte offset; out written in its slot only."""
-    q = read_only(int8_at(data.draw(hnp.arrays(np.int8, (rows, cols))), offset))
-    x = read_only(data.draw(hnp.arrays(np.float32, cols, elements=st.floats(-X_MAX, X_MAX, width=32))))
+    q, x = draw_gemv_i8(data, rows, cols, offset)
     slots = np.full(rows + 2, 7.0, np.float32)
     out = kernels(isa).gemv_i8(q, scale, x, slots[1:-1])
-    expected = (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale)
+    expected = i8_f64(q, x, scale)
     assert out.base is slots
     assert_close(out, expected)
     assert slots[0] == 7.0 and slots[-1] == 7.0
@@ -139,7 +157,7 @@ def test_gemv_i8_model_widths(isa, rows, cols):
     q = read_only(int8_at(rng.integers(-128, 128, (rows, cols)).astype(np.int8), 3))
     x = rng.uniform(-1, 1, cols).astype(np.float32)
     scale = np.float32(2 / np.sqrt(cols) / 128)
-    expected = (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale)
+    expected = i8_f64(q, x, scale)
     assert_close(kernels(isa).gemv_i8(q, scale, x), expected)
 
 
@@ -159,14 +177,12 @@ def test_gemv_i8_rows_are_dot_products(isa, resident):
 
 @ISA
 @SETTINGS
-@given(data=st.data(), rows=st.integers(1, 24), cols=st.integers(1, N_MAX), offset=st.integers(0, 63),
-       scale=st.floats(1e-4, W_MAX / 128).map(np.float32))
+@GEMV_I8_CASES
 def test_gemv_i8_resident_matches_numpy(isa, data, rows, cols, offset, scale):
     """The in-cache kernel: any shape (rows not a multiple of 4, column tails), any offset."""
-    q = read_only(int8_at(data.draw(hnp.arrays(np.int8, (rows, cols))), offset))
-    x = read_only(data.draw(hnp.arrays(np.float32, cols, elements=st.floats(-X_MAX, X_MAX, width=32))))
+    q, x = draw_gemv_i8(data, rows, cols, offset)
     out = kernels(isa).gemv_i8(q, scale, x, resident=True)
-    assert_close(out, (q.astype(np.float64) @ x.astype(np.float64)) * np.float64(scale))
+    assert_close(out, i8_f64(q, x, scale))
 
 
 @ISA

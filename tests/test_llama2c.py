@@ -14,15 +14,13 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import cli
+from helpers import assert_one_line_error, assert_within, cli, gguf_tensors
 
 import gemma_cy
 from gemma_cy.api import Model, open_tokenizer, open_weights
 from gemma_cy.model.config import ModelConfig
 from gemma_cy.errors import ModelFormatError, TokenIndexError
-from gemma_cy.quant.ggml import GGML_TYPE_IDS
-from gemma_cy.formats.gguf_writer import TensorData, write_gguf
-from gemma_cy.formats.gguf_model import gguf_tensor_name
+from gemma_cy.formats.gguf_writer import write_gguf
 from gemma_cy.formats.llama2c import read_llama2c, read_llama2c_f32, write_llama2c
 from gemma_cy.tokenizers.llama2c import (Llama2cTokenizer, read_tokenizer_bin, sentencepiece_to_llama2c, write_tokenizer_bin)
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
@@ -514,14 +512,20 @@ LEGACY_BAD = [
 ]
 
 
-@pytest.mark.parametrize("mutate, needle", LEGACY_BAD)
-def test_bad_legacy_files(tmp_path, good_files, mutate, needle):
+def assert_every_reader_rejects(tmp_path, data: bytes, needle: str) -> None:
+    """``data`` as a file: each llama2.c reader (and open_weights) raises a
+    one-line ModelFormatError naming the file and holding ``needle``."""
     path = tmp_path / "bad.bin"
-    path.write_bytes(mutate(good_files[0]))
+    path.write_bytes(data)
     for read in (read_llama2c, read_llama2c_f32, open_weights):
         with pytest.raises(ModelFormatError) as e:
             read(str(path))
         assert needle in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("mutate, needle", LEGACY_BAD)
+def test_bad_legacy_files(tmp_path, good_files, mutate, needle):
+    assert_every_reader_rejects(tmp_path, mutate(good_files[0]), needle)
 
 
 def _first_scale_offset() -> int:
@@ -549,12 +553,7 @@ V2_BAD = [
 
 @pytest.mark.parametrize("mutate, needle", V2_BAD)
 def test_bad_v2_files(tmp_path, good_files, mutate, needle):
-    path = tmp_path / "bad.bin"
-    path.write_bytes(mutate(good_files[1]))
-    for read in (read_llama2c, read_llama2c_f32, open_weights):
-        with pytest.raises(ModelFormatError) as e:
-            read(str(path))
-        assert needle in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+    assert_every_reader_rejects(tmp_path, mutate(good_files[1]), needle)
 
 
 def test_zero_scale_dequantizes_to_zeros(tmp_path, good_files):
@@ -658,7 +657,7 @@ def test_reference_engine_is_run_c(exported):
     from gemma_cy_reference.model import ReferenceEngine
     engine = ReferenceEngine(read_llama2c_f32(d / "model.bin"), 64)
     got = np.array([engine.forward(t, pos) for pos, t in enumerate(tokens)])
-    np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-3)
+    assert_within(got, want, "logits against run.c")
     assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
 
 
@@ -691,15 +690,6 @@ def test_end_to_end_both_engines_same_tokens(exported):
 
 
 # ---------------------------------------------------------------- CLI
-
-def assert_one_line_error(result, *needles):
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
 
 def test_cli_runs_a_llama2c_checkpoint(exported):
     w, d = exported
@@ -761,9 +751,7 @@ def test_convert_gguf_writes_tokenizer_bin(tmp_path):
               "tokenizer.ggml.tokens": sp_pieces, "tokenizer.ggml.scores": np.array(SCORES, np.float32),
               "tokenizer.ggml.token_type": np.array(types, np.int32), "tokenizer.ggml.bos_token_id": 1,
               "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0}
-    tensors = [TensorData(gguf_tensor_name(n), GGML_TYPE_IDS["F32"], tuple(reversed(t.shape)), t.data)
-               for n, t in w.tensors.items()]
-    write_gguf(tmp_path / "l.gguf", fields, tensors)
+    write_gguf(tmp_path / "l.gguf", fields, gguf_tensors(w))
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     result = cli("convert", str(tmp_path / "l.gguf"), str(out_dir / "m.bin"), "--to", "llama2c")

@@ -18,9 +18,7 @@ from gemma_cy.formats.gmw import gmw_file_size, gmw_layout
 from gemma_cy.commands.presets import PRESETS, check_preset, match_preset, preset_config, random_weights
 from gemma_cy.quant.tensors import quantize_per_tensor
 from gemma_cy.model.weights import Weights, expected_shapes
-
-REPO = Path(__file__).resolve().parents[1]
-TINY_SHA256 = "83f240224e71ca95a87356a016b2ccb41a26efa10af4c150935cd1d5f0c8df57"
+from helpers import REPO, TINY_SHA256
 
 
 @pytest.fixture(scope="module")

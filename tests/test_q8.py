@@ -20,21 +20,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gemma_cy.fast import ops
 from gemma_cy.errors import ParameterError
 from gemma_cy.generation.engines import make_engine
 from gemma_cy.fast.engine import FastEngine
-from gemma_cy.formats.gmw import read_gmw
-from gemma_cy.quant.tensors import (Int8Tensor, Q8_0Tensor, quantize_activations_q8, quantize_per_tensor, quantize_q8_0)
-from gemma_cy.tokenizers.greedy import GreedyTokenizer
-from gemma_cy.api import Model
+from gemma_cy.quant.tensors import Q8_0Tensor, quantize_activations_q8, quantize_per_tensor, quantize_q8_0
 from gemma_cy.commands.diff import teacher_forced
+from gemma_cy.model.tolerance import DEFAULT, tolerance_for
 from gemma_cy_reference.layers import Q8Matrix
 from gemma_cy_reference.model import ReferenceEngine
 
-from conftest import AVAILABLE, ISA, cli, kernels
+from helpers import AVAILABLE, ISA, assert_same_greedy_id, assert_within, cli, kernels
 
-ATOL, RTOL = 2e-3, 1e-3  # docs/numerics.md#tolerances, default
+ATOL, RTOL = DEFAULT  # docs/numerics.md#tolerances, default
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -186,18 +183,32 @@ def test_q8_needs_widths_that_are_multiples_of_32(tiny):
         make_engine("fast", tiny, 16, "int4")
 
 
+@pytest.mark.parametrize("mode, needle", [("q8", "multiples of 32"), ("int4", "expected one of")])
+def test_every_engine_refuses_a_mode_with_one_error(tiny, mode, needle):
+    """A mode the model cannot run (q8 on an mlp_dim of 1000) or that does not
+    exist: every way of building an engine raises the same ParameterError
+    with the same message (gemma_cy.model.checks.check_activation_mode)."""
+    odd = tiny.config.with_changes(mlp_dim=1000)
+    weights = type(tiny)(odd, {**tiny.tensors, **{
+        f"layers.{l}.{n}": quantize_per_tensor(np.ones(s, np.float32))
+        for l in range(odd.n_layers) for n, s in (("gate_proj", (1000, 256)), ("up_proj", (1000, 256)),
+                                                  ("down_proj", (256, 1000)))}})
+    builders = {"make_engine fast": lambda: make_engine("fast", weights, 16, mode),
+                "make_engine reference": lambda: make_engine("reference", weights, 16, mode),
+                "FastEngine": lambda: FastEngine(weights, 16, activations=mode),
+                "ReferenceEngine": lambda: ReferenceEngine(weights, 16, mode),
+                **{f"FastModel {isa}": lambda isa=isa: kernels(isa).FastModel(weights, 16, mode) for isa in AVAILABLE}}
+    messages = {}
+    for what, build in builders.items():
+        with pytest.raises(ParameterError, match=needle) as raised:
+            build()
+        assert type(raised.value) is ParameterError, what
+        messages[what] = str(raised.value)
+    assert len(set(messages.values())) == 1, messages
+
+
 # ---------------------------------------------------------------------------
 # The engines in q8 mode
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_path):
-    return read_gmw(str(tiny_model_path))
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tiny, tiny_model_path) -> Model:
-    return Model(tiny, GreedyTokenizer.from_file(str(tiny_model_path) + ".tok"), "reference", 256)
 
 
 def greedy_both_q8(weights, ids, n: int, isa: str) -> None:
@@ -222,19 +233,13 @@ def greedy_both_q8(weights, ids, n: int, isa: str) -> None:
     want, got = ref.prefill(ids), fast.prefill(ids, observe)
     seq = list(ids)
     for step in range(n):
-        a, b = int(np.argmax(want)), int(np.argmax(got))
-        top2 = np.sort(want)[-2:]
-        assert a == b, (f"{isa}: step {step}: reference id {a}, fast id {b}; "
-                        f"reference top-1/top-2 margin {top2[1] - top2[0]:.6g}")
-        seq.append(a)
-        want, got = ref.decode(a), fast.decode(a, observe)
+        token = assert_same_greedy_id(want, got, isa, step)
+        seq.append(token)
+        want, got = ref.decode(token), fast.decode(token, observe)
     local = teacher_forced(ReferenceEngine(weights, len(seq), "q8"), seen, seq)
     assert len(local) == len(seen)
     for key, value in local.items():
-        if key[1] in ("embed", "resid_attn", "resid_mlp"):
-            np.testing.assert_array_equal(seen[key], value, f"{isa}: {key}")
-        else:
-            np.testing.assert_allclose(seen[key], value, atol=ATOL, rtol=RTOL, err_msg=f"{isa}: {key}")
+        assert_within(seen[key], value, f"{isa}: {key}", tolerance_for(key[1]))
 
 
 @pytest.mark.parametrize("prompt", ["Once upon a time", "The cat sat on the mat", "1 2 3 4 5",
@@ -271,8 +276,8 @@ def test_prefill_blocks_equal_decoding_one_by_one(isa, activations, tiny):
     for token in ids:
         out = stepwise.decode(token)
     np.testing.assert_array_equal(out, last)
-    np.testing.assert_array_equal(whole.model.cache_keys[:, :150], stepwise.model.cache_keys[:, :150])
-    np.testing.assert_array_equal(whole.model.cache_values[:, :150], stepwise.model.cache_values[:, :150])
+    np.testing.assert_array_equal(whole.model.key_cache[:, :150], stepwise.model.key_cache[:, :150])
+    np.testing.assert_array_equal(whole.model.value_cache[:, :150], stepwise.model.value_cache[:, :150])
 
 
 def test_cli_q8_mode_and_diff(tiny_model_path):

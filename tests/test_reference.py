@@ -9,7 +9,6 @@ reference. Tolerances are docs/numerics.md#tolerances's.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import warnings
 
@@ -20,14 +19,16 @@ from hypothesis import strategies as st
 
 from gemma_cy.model.config import ModelConfig
 from gemma_cy.errors import NumericalError, ParameterError, TokenIndexError
-from gemma_cy.quant.tensors import Int8Tensor, quantize_per_tensor
-from gemma_cy.model.weights import Weights, expected_shapes
-from gemma_cy_reference.generate import argmax, generate
+from gemma_cy.model.logits import argmax
+from gemma_cy.model.tolerance import DEFAULT, PROBABILITIES
+from gemma_cy.model.weights import Weights
+from gemma_cy_reference.generate import generate
 from gemma_cy_reference.layers import F32Weights, KVCache, attention, gelu_tanh, rmsnorm, rope, silu
 from gemma_cy_reference.model import OBSERVED_OPS, ReferenceEngine, observed_calls
+from helpers import cached_weights, make_weights, with_tensor
 
-ATOL, RTOL = 2e-3, 1e-3  # docs/numerics.md#tolerances default
-ACT_ATOL, ACT_RTOL = 1e-4, 1e-5  # docs/numerics.md#tolerances: softmax, SiLU/GELU
+ATOL, RTOL = DEFAULT  # docs/numerics.md#tolerances default
+ACT_ATOL, ACT_RTOL = PROBABILITIES  # docs/numerics.md#tolerances: softmax, SiLU/GELU
 
 FEW = settings(max_examples=25, deadline=None)
 
@@ -43,27 +44,6 @@ GEMMA3 = ModelConfig(
 # query scale that is not 1/sqrt(head_dim), no q/k-norm.
 SOFTCAPS = GEMMA3.with_changes(qk_norm=False, attn_softcap=1.5, final_softcap=4.0,
                                query_scale=0.2)
-
-
-def make_weights(config: ModelConfig, seed: int = 0) -> Weights:
-    """Random weights quantized per tensor; matrices scaled by 1/sqrt(in) so
-    activations stay O(1). Plain gains are standard normal (like the seed's
-    fixture); (1 + g) gains have g small."""
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for name, shape in expected_shapes(config).items():
-        w = rng.standard_normal(shape)
-        if len(shape) == 1 and config.norm_gain == "one_plus":
-            w = 0.3 * w
-        elif len(shape) == 2 and not name.startswith("embed"):
-            w = w / math.sqrt(shape[1])
-        tensors[name] = quantize_per_tensor(w.astype(np.float32))
-    return Weights(config, tensors)
-
-
-@functools.lru_cache(maxsize=None)
-def cached_weights(config: ModelConfig, seed: int = 0) -> Weights:
-    return make_weights(config, seed)
 
 
 def engine_for(config: ModelConfig, seed: int = 0, max_cache_len: int = 1 << 20) -> ReferenceEngine:
@@ -365,8 +345,8 @@ def test_window_of_one_attends_to_itself_only():
     w = layer0(config)
     cache = KVCache(config, 8)
     rng = np.random.default_rng(3)
-    cache.keys[:] = rng.standard_normal(cache.keys.shape)
-    cache.values[:] = rng.standard_normal(cache.values.shape)
+    cache.key_cache[:] = rng.standard_normal(cache.key_cache.shape)
+    cache.value_cache[:] = rng.standard_normal(cache.value_cache.shape)
     x = rng.standard_normal(config.dim).astype(np.float32)
     out = attention(x, w, 0, 5, cache, config)
     np.testing.assert_allclose(out, expanded_v_through_o_proj(x, w, config), atol=ATOL, rtol=RTOL)
@@ -379,17 +359,17 @@ def test_sliding_window_ignores_keys_older_than_the_window(window, pos, seed):
     w = layer0(config)
     rng = np.random.default_rng(seed)
     cache = KVCache(config, 12)
-    cache.keys[:] = rng.standard_normal(cache.keys.shape)
-    cache.values[:] = rng.standard_normal(cache.values.shape)
+    cache.key_cache[:] = rng.standard_normal(cache.key_cache.shape)
+    cache.value_cache[:] = rng.standard_normal(cache.value_cache.shape)
     x = rng.standard_normal(config.dim).astype(np.float32)
     before = attention(x, w, 0, pos, cache, config)
     first = pos - window + 1  # oldest position in the window
     if first > 0:
-        cache.keys[0, :first] = rng.standard_normal(cache.keys[0, :first].shape)
-        cache.values[0, :first] = rng.standard_normal(cache.values[0, :first].shape)
+        cache.key_cache[0, :first] = rng.standard_normal(cache.key_cache[0, :first].shape)
+        cache.value_cache[0, :first] = rng.standard_normal(cache.value_cache[0, :first].shape)
     np.testing.assert_array_equal(attention(x, w, 0, pos, cache, config), before)
     if first >= 0 and first < pos:  # the oldest key in the window does count
-        cache.values[0, first] += 10.0
+        cache.value_cache[0, first] += 10.0
         assert not np.allclose(attention(x, w, 0, pos, cache, config), before)
 
 
@@ -408,8 +388,8 @@ def test_gqa_query_head_reads_its_kv_head(n_heads, n_kv_heads, expected):
     v_proj[:, 0] = level
     w = dataclasses.replace(w, v_proj=v_proj)
     cache = KVCache(config, 8)
-    cache.keys[:] = np.random.default_rng(0).standard_normal(cache.keys.shape)
-    cache.values[0, :pos] = level.reshape(n_kv_heads, head_dim)
+    cache.key_cache[:] = np.random.default_rng(0).standard_normal(cache.key_cache.shape)
+    cache.value_cache[0, :pos] = level.reshape(n_kv_heads, head_dim)
     x = np.zeros(config.dim, dtype=np.float32)
     x[0] = 1.0
     seen = {}
@@ -452,8 +432,8 @@ def test_observed_values_chain_into_each_other():
         np.testing.assert_array_equal(seen[(layer, "resid_attn", 2)], before + seen[(layer, "attn", 2)])
         np.testing.assert_array_equal(seen[(layer, "resid_mlp", 2)],
                                       seen[(layer, "resid_attn", 2)] + seen[(layer, "mlp", 2)])
-    np.testing.assert_array_equal(engine.cache.keys[1, 2], seen[(1, "k", 2)])
-    np.testing.assert_array_equal(engine.cache.values[1, 2], seen[(1, "v", 2)])
+    np.testing.assert_array_equal(engine.cache.key_cache[1, 2], seen[(1, "k", 2)])
+    np.testing.assert_array_equal(engine.cache.value_cache[1, 2], seen[(1, "v", 2)])
 
 
 @pytest.mark.parametrize("config", [SEED, GEMMA3], ids=["seed", "gemma3"])
@@ -536,7 +516,7 @@ def test_without_window_the_first_token_still_counts():
 def test_cache_len_is_the_smaller_of_request_and_model():
     assert engine_for(SEED, max_cache_len=5).cache_len == 5
     assert engine_for(SEED, max_cache_len=1000).cache_len == SEED.max_seq_len
-    assert engine_for(SEED, max_cache_len=5).cache.keys.shape == (2, 5, 2, 8)
+    assert engine_for(SEED, max_cache_len=5).cache.key_cache.shape == (2, 5, 2, 8)
 
 
 @pytest.mark.parametrize("bad", [0, -3, True, 2.5, "8"])
@@ -582,12 +562,6 @@ def test_empty_prefill_is_a_value_error():
         engine_for(SEED).prefill([])
 
 
-def with_tensor(weights: Weights, name: str, scale: float) -> Weights:
-    tensors = dict(weights.tensors)
-    tensors[name] = Int8Tensor(q=tensors[name].q, scale=np.float32(scale))
-    return Weights(weights.config, tensors)
-
-
 @pytest.mark.parametrize("name,scale,where,pos", [
     ("layers.1.down_proj", float("nan"), "layer 1", 0),
     ("layers.0.q_proj", float("nan"), "layer 0", 0),
@@ -596,7 +570,7 @@ def with_tensor(weights: Weights, name: str, scale: float) -> Weights:
 ])
 def test_non_finite_weights_raise_numerical_error(name, scale, where, pos):
     with np.errstate(invalid="ignore"):  # dequantizing 0 * inf
-        engine = ReferenceEngine(with_tensor(cached_weights(SEED), name, scale), 16)
+        engine = ReferenceEngine(with_tensor(cached_weights(SEED), name, scale=scale), 16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # NaN is reported once, as the error, not as warnings
         with pytest.raises(NumericalError, match=rf"position {pos} .*{where}"):
@@ -607,12 +581,10 @@ def test_non_finite_weights_raise_numerical_error(name, scale, where, pos):
 def test_numerical_error_names_the_position_where_it_starts():
     """Only position 2's row of the position table overflows f32."""
     weights = cached_weights(SEED)
-    tensors = dict(weights.tensors)
-    q = np.zeros(tensors["embed_positions"].shape, dtype=np.int8)
+    q = np.zeros(weights["embed_positions"].shape, dtype=np.int8)
     q[2] = 127
-    tensors["embed_positions"] = Int8Tensor(q=q, scale=np.float32(3e36))  # 127 * 3e36 > f32 max
     with np.errstate(over="ignore"):
-        engine = ReferenceEngine(Weights(SEED, tensors), 16)
+        engine = ReferenceEngine(with_tensor(weights, "embed_positions", q=q, scale=3e36), 16)  # 127 * 3e36 > f32 max
     engine.prefill([1, 2])
     with pytest.raises(NumericalError, match="position 2 .*the embedding"):
         engine.decode(40)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from gemma_cy.errors import NumericalError, ParameterError
 from gemma_cy.generation.sampling import Sampler, SplitMix64
+from gemma_cy.model.tolerance import PROBABILITIES
 
 GAMMA = 0x9E3779B97F4A7C15
 TWO64 = 2**64
@@ -147,22 +148,39 @@ def test_bad_parameters_are_rejected_with_the_valid_range(kwargs, name, valid_ra
     assert isinstance(info.value, ValueError)
 
 
+def first_draw(weights: np.ndarray, seed: int) -> int:
+    """The id a sampler seeded ``seed`` draws from ids 0..n-1 with ``weights``
+    (not normalized; 0 = not a candidate), worked out here in float64: the
+    first uniform of the re-stated SplitMix64 (top 53 bits), then the first id
+    whose cumulative probability exceeds it. The uniform must not sit within
+    rounding distance of a boundary, so that there is one right answer."""
+    u = (splitmix64_outputs(seed, 1)[0] >> 11) / 2.0**53
+    cumulative = np.cumsum(weights / weights.sum())
+    assert np.all(np.abs(cumulative - u) > 1e-3), (u, cumulative)
+    return int(np.sum(cumulative <= u))
+
+
+# softmax(log(P7) / T) is proportional to P7 ** (1 / T); T = 0.7 is the default
+P7_T07 = P7 ** (1 / 0.7)
+
+
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "expected"),
     [
-        {"temperature": 0},
-        {"temperature": 0.0, "min_p": 0.0},
-        {"temperature": 1e-30, "min_p": 1.0},
-        {"temperature": 1e30, "top_p": 1.0},
-        {"temperature": np.float32(0.5), "top_p": 1e-9},
-        {"top_k": 0},
-        {"top_k": np.int64(40)},
-        {"top_k": 10**30},
-        {"seed": TWO64 - 1, "min_p": 0.05},
+        ({"temperature": 0}, 1),  # greedy: id 1 (.30) is the most probable
+        ({"temperature": 0.0, "min_p": 0.0}, 1),  # temperature 0 is greedy whatever else is given
+        ({"temperature": 1e-30, "min_p": 1.0}, 1),  # only the top id has p >= 1 * max(p)
+        ({"temperature": 1e30, "top_p": 1.0}, first_draw(np.ones(7), 0)),  # uniform over all 7 ids
+        ({"temperature": np.float32(0.5), "top_p": 1e-9}, 1),  # the top id alone reaches the mass
+        ({"top_k": 0}, first_draw(P7_T07, 0)),  # k = 0 is off: every id, at T = 0.7
+        ({"top_k": np.int64(40)}, first_draw(P7_T07, 0)),  # k > 7 keeps every id
+        ({"top_k": 10**30}, first_draw(P7_T07, 0)),
+        # p >= 0.05 * max(p) at T = 0.7 keeps every id but 4 (.02: (.02 / .3) ** (1 / .7) < .05)
+        ({"seed": TWO64 - 1, "min_p": 0.05}, first_draw(np.where(np.arange(7) == 4, 0.0, P7_T07), TWO64 - 1)),
     ],
 )
-def test_boundary_parameters_are_accepted(kwargs):
-    Sampler(**kwargs).sample(LOGITS7)
+def test_boundary_parameters_are_accepted(kwargs, expected):
+    assert Sampler(**kwargs).sample(LOGITS7) == expected
 
 
 def test_validation_survives_python_O():
@@ -631,7 +649,8 @@ def test_candidates_and_walk_match_a_float64_reference(
     ids, probs = sampler.candidates(logits)
     assert ids.tolist() == want_ids
     q = want_w / want_w.sum()
-    np.testing.assert_allclose(probs, q, rtol=1e-5, atol=1e-4)
+    atol, rtol = PROBABILITIES
+    np.testing.assert_allclose(probs, q, rtol=rtol, atol=atol)
     # the walk: first kept id whose renormalized cumulative exceeds u, unless
     # u sits within rounding distance of a boundary
     cum = np.cumsum(q)

@@ -16,14 +16,13 @@ package dequantized to f32. Checks:
 * the CLI answers a chat question and stops at <|im_end|>.
 """
 import json
-from pathlib import Path
 
 import pytest
 
-from conftest import cli, greedy_engines_agree, reference_agrees_with_oracle
 from gemma_cy.errors import GemmaCyError
+from helpers import GOLDENS, cli, greedy_engines_agree, reference_agrees_with_oracle
 
-GOLDEN = Path(__file__).parent / "goldens" / "smollm2_135m"
+GOLDEN = GOLDENS / "smollm2_135m"
 RMS_LIMIT = 0.01
 PROMPTS = json.loads((GOLDEN / "greedy.json").read_text())["prompts"] if (GOLDEN / "greedy.json").exists() else []
 FAST_PROMPTS = ("chat_capital", "story", "arithmetic", "code_python", "json")  # the shortest: time

@@ -24,8 +24,8 @@ from gemma_cy.errors import ModelFormatError, TokenIndexError  # noqa: E402
 from gemma_cy.tokenizers.sp import (  # noqa: E402
     META_SPACE, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED,
     SentencePieceTokenizer, read_gguf_vocab)
+from helpers import GOLDENS, golden_report, golden_rows  # noqa: E402
 
-GOLDEN = Path(__file__).resolve().parent / "goldens" / "gemma3_tokenizer.jsonl"
 N, U, C, D, B = TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE
 SP = "\u2581"
 
@@ -338,15 +338,7 @@ def gemma3():
 
 @pytest.fixture(scope="module")
 def golden():
-    if not GOLDEN.exists():
-        pytest.skip(f"{GOLDEN} missing: make it with scripts/make_tokenizer_goldens.py")
-    with open(GOLDEN, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
-
-
-def _report(kind, rows, bad):
-    shown = "\n".join(f"  {r['text'][:60]!r}: got {got[:12]} want {want[:12]}" for r, got, want in bad[:5])
-    return f"{kind}: {len(rows) - len(bad)}/{len(rows)} identical to HF transformers\n{shown}"
+    return golden_rows("gemma3_tokenizer.jsonl", "make_tokenizer_goldens.py")
 
 
 def test_gemma3_special_ids(gemma3):
@@ -360,19 +352,19 @@ def test_gemma3_special_ids(gemma3):
 def test_gemma3_ids_match_hf(gemma3, golden):
     assert len(golden) >= 2000
     bad = [(r, got, r["ids"]) for r in golden if (got := gemma3.encode(r["text"])) != r["ids"]]
-    assert not bad, _report("ids", golden, bad)
+    assert not bad, golden_report("ids", golden, bad)
 
 
 def test_gemma3_special_parsing_matches_hf(gemma3, golden):
     bad = [(r, got, want) for r in golden
            if (got := gemma3.encode(r["text"], parse_special=True)) != (want := r.get("ids_special", r["ids"]))]
-    assert not bad, _report("ids with parse_special", golden, bad)
+    assert not bad, golden_report("ids with parse_special", golden, bad)
 
 
 def test_gemma3_decode_matches_hf(gemma3, golden):
     bad = [(r, gemma3.decode(r["ids"]), r.get("hf_decoded", r["text"])) for r in golden
            if gemma3.decode(r["ids"]) != r.get("hf_decoded", r["text"])]
-    assert not bad, _report("decode", golden, bad)
+    assert not bad, golden_report("decode", golden, bad)
     round_trips = sum("hf_decoded" not in r for r in golden)
     assert round_trips >= len(golden) - 20  # only texts with a literal U+2581 may not round-trip
 
@@ -392,7 +384,7 @@ def test_gemma3_long_and_odd_input(gemma3):
 
 def test_gemma3_model_golden_prompts_tokenize_as_hf(gemma3):
     """The prompts of tests/goldens/gemma3_270m (scripts/make_model_goldens.py) give HF's ids here too."""
-    path = GOLDEN.parent / "gemma3_270m" / "greedy.json"
+    path = GOLDENS / "gemma3_270m" / "greedy.json"
     if not path.exists():
         pytest.skip(f"{path} missing: make it with scripts/make_model_goldens.py")
     chat_before, chat_after = "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"
@@ -405,7 +397,7 @@ def test_gemma3_model_golden_prompts_tokenize_as_hf(gemma3):
 
 
 def test_gemma3_teacher_forced_text_tokenizes_as_hf(gemma3):
-    path = GOLDEN.parent / "gemma3_270m" / "teacher_forced.json"
+    path = GOLDENS / "gemma3_270m" / "teacher_forced.json"
     if not path.exists():
         pytest.skip(f"{path} missing: make it with scripts/make_model_goldens.py")
     golden = json.loads(path.read_text())

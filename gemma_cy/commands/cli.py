@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Sequence
 
-from ..generation.engines import ACTIVATIONS, DEFAULT_ENGINE, ENGINES
+from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES
 from ..errors import GemmaCyError, ParameterError
 from ..quant.tensors import Int8Tensor
 
@@ -28,7 +28,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def int_flag(text: str) -> int:
-    """An integer flag value (also accepts 1e3-free plain decimal only)."""
+    """An integer flag value, written in decimal: what ``int(text, 10)``
+    accepts ("250", "-1", "+3", "1_000", surrounding spaces). Anything else
+    ("1e3", "0x10", "2.0", "") is an argparse error that quotes the text."""
     try:
         return int(text, 10)
     except ValueError:
@@ -78,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parse_special", type=int_flag, default=0, choices=(0, 1),
                    help="treat control pieces typed in the prompt (<eos>...) as control tokens")
     p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help="compute engine")
-    p.add_argument("--activations", choices=ACTIVATIONS, default="f32",
+    p.add_argument("--activations", choices=ACTIVATION_MODES, default="f32",
                    help="f32 (default), or q8: every matrix input quantized to int8 per block of 32, "
                         "llama.cpp's numerics, opt-in; it costs some fidelity and, on AVX2, is slower than f32")
     p.add_argument("--dump", action="store_true", help="print the config and tensor table, then exit")
@@ -212,7 +214,7 @@ def build_diff_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat_format", type=int_flag, default=0, choices=(0, 1))
     p.add_argument("--n_dec", type=int_flag, default=64, help="greedy tokens to compare (default 64)")
     p.add_argument("--max_cache_len", type=int_flag, default=8192)
-    p.add_argument("--activations", choices=ACTIVATIONS, default="f32",
+    p.add_argument("--activations", choices=ACTIVATION_MODES, default="f32",
                    help="both engines' activations: f32 (default) or the opt-in q8 mode")
     p.add_argument("--engines", default="reference,fast",
                    help="REFERENCE,OTHER engine names (default reference,fast)")

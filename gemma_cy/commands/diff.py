@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..generation.engines import make_engine
+from ..model.logits import argmax, top2_margin
 from ..model.tolerance import errors, tolerance_for, within
 from ..model.weights import Weights
 
@@ -98,17 +99,6 @@ class Recorder:
         self.values[(layer, op, pos)] = np.array(value, dtype=np.float32, copy=True)
 
 
-def top2_margin(logits: np.ndarray) -> float:
-    """top-1 minus top-2 logit."""
-    top = np.partition(np.asarray(logits, np.float64), -2)[-2:]
-    return float(top[1] - top[0])
-
-
-def argmax(logits: np.ndarray) -> int:
-    """Greedy pick, lowest id on ties (docs/generation.md#sampler)."""
-    return int(np.argmax(logits))
-
-
 def compare_layers(reference: dict, other: dict, order: list[tuple[int, str]]) -> list[LayerRow]:
     """Per (layer, op) in ``order``: worst error over the positions both
     dicts ((layer, op, pos) -> value) hold; ``reference`` is the expected side."""
@@ -159,7 +149,7 @@ def teacher_forced(reference, got: dict, ids: Sequence[int]) -> dict:
                         lambda _l, op, _p, value: inner.__setitem__(op, value))
             for op in ("q", "k", "v", "attn_out"):
                 want[layer, op, pos] = inner[op]
-            cache.keys[layer, pos], cache.values[layer, pos] = at(layer, "k"), at(layer, "v")
+            cache.key_cache[layer, pos], cache.value_cache[layer, pos] = at(layer, "k"), at(layer, "v")
             attn = lw.o_proj @ at(layer, "attn_out")
             want[layer, "attn", pos] = norm(attn, lw.post_attn_norm) if c.post_norms else attn
             want[layer, "resid_attn", pos] = x + at(layer, "attn")

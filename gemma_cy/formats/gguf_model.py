@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable
+from typing import Callable
 
 import numpy as np
 
@@ -267,11 +267,11 @@ def _token_id(gf: GGUFFile, piece: str) -> int | None:
         return None
 
 
-def check_model_tensors(gf: GGUFFile, config: ModelConfig,
-                        allowed_types: Iterable[int] | None = None) -> dict[str, str]:
+def check_model_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, str]:
     """Check that ``gf`` holds exactly the tensors ``config`` needs, with the
-    right shapes (and, if given, types): returns GGUF name -> Weights name.
-    Raises ModelFormatError naming the first tensor that breaks a rule."""
+    right shapes: returns GGUF name -> Weights name. Raises ModelFormatError
+    naming the first tensor that breaks a rule. (Which types a reader
+    accepts is the reader's rule: ``read_gguf``, ``read_gguf_f32``.)"""
     shapes = expected_shapes(config)
     names: dict[str, str] = {}
     for g, t in gf.tensors.items():
@@ -283,15 +283,60 @@ def check_model_tensors(gf: GGUFFile, config: ModelConfig,
             raise ModelFormatError(
                 f"{gf.path}: tensor {g!r} has dims {list(t.dims)} (shape {t.shape}), expected shape "
                 f"{shapes[w]} from the metadata")
-        if allowed_types is not None and t.ggml_type not in allowed_types:
-            raise ModelFormatError(
-                f"{gf.path}: tensor {g!r} is {t.type_name}; gemma-cy runs Q8_0 matrices and F32 "
-                f"norms: convert the file first (gemma-cy convert IN.gguf -o OUT.gguf)")
         names[g] = w
     missing = sorted(set(shapes) - set(names.values()))
     if missing:
         raise ModelFormatError(f"{gf.path}: missing tensor {gguf_tensor_name(missing[0])!r}")
     return names
+
+
+def _read_model(path, tensor: Callable[[GGUFFile, str], F32Tensor | Q8_0Tensor], keep_map: bool) -> Weights:
+    """The steps both readers share: parse the file, its ModelConfig, the
+    checked tensor set, then ``tensor(gf, gguf_name)`` for every tensor. With
+    ``keep_map`` the tensors are views of the map and the Weights keep it
+    alive; otherwise the map is closed before returning. On any error the map
+    is closed and the error raised."""
+    gf = parse_gguf(path)
+    try:
+        config = gguf_config(gf)
+        tensors = {w: tensor(gf, g) for g, w in check_model_tensors(gf, config).items()}
+        weights = Weights(config=config, tensors=tensors, source=gf.path, keepalive=[gf.mm] if keep_map else [])
+    except BaseException:
+        close_quietly(gf.mm)
+        raise
+    if not keep_map:
+        close_quietly(gf.mm)
+    return weights
+
+
+def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor:
+    """Tensor ``g`` as a zero-copy, read-only view of the map: an F32 vector
+    or a Q8_0 matrix; any other type or rank is refused."""
+    t = gf.tensors[g]
+    if len(t.dims) == 1 and t.ggml_type == F32_ID:
+        return F32Tensor(np.frombuffer(gf.mm, dtype=np.float32, count=t.dims[0], offset=t.offset))
+    if len(t.dims) == 2 and t.ggml_type == Q8_0_ID:
+        return Q8_0Tensor(gf.raw(g).reshape(t.dims[1], t.dims[0] // Q8_0_BLOCK, Q8_0_BYTES))
+    raise ModelFormatError(
+        f"{gf.path}: tensor {g!r} is {t.type_name} with {len(t.dims)} dims; gemma-cy runs "
+        f"Q8_0 matrices and F32 norms: convert the file first "
+        f"(gemma-cy convert IN.gguf -o OUT.gguf)")
+
+
+def _dequantized_tensor(gf: GGUFFile, g: str) -> F32Tensor:
+    """Tensor ``g`` of any dequantizable type as f32 values the tensor owns
+    (the map closes after reading); NaN or Inf refused."""
+    from ..quant.ggml import dequantize
+
+    t = gf.tensors[g]
+    try:
+        values = dequantize(gf.raw(g), t.ggml_type, t.shape)
+        tensor = F32Tensor(np.require(values, np.float32, ["C", "O"]))  # own it: the map closes
+    except ValueError as e:
+        raise ModelFormatError(f"{gf.path}: tensor {g!r} ({t.type_name}): {e}") from None
+    if not np.all(np.isfinite(tensor.data)):
+        raise ModelFormatError(f"{gf.path}: tensor {g!r} holds NaN or Inf")
+    return tensor
 
 
 def read_gguf(path) -> Weights:
@@ -301,27 +346,7 @@ def read_gguf(path) -> Weights:
     stay one tensor. Raises ModelFormatError for anything ``parse_gguf`` or
     ``gguf_config`` rejects, an unexpected, missing or misshapen tensor, or
     another tensor type (convert such files first: ``gemma_cy.commands.convert``)."""
-    gf = parse_gguf(path)
-    try:
-        config = gguf_config(gf)
-        names = check_model_tensors(gf, config)
-        tensors = {}
-        for g, w in names.items():
-            t = gf.tensors[g]
-            if len(t.dims) == 1 and t.ggml_type == F32_ID:
-                tensors[w] = F32Tensor(np.frombuffer(gf.mm, dtype=np.float32, count=t.dims[0],
-                                                     offset=t.offset))
-            elif len(t.dims) == 2 and t.ggml_type == Q8_0_ID:
-                tensors[w] = Q8_0Tensor(gf.raw(g).reshape(t.dims[1], t.dims[0] // Q8_0_BLOCK, Q8_0_BYTES))
-            else:
-                raise ModelFormatError(
-                    f"{gf.path}: tensor {g!r} is {t.type_name} with {len(t.dims)} dims; gemma-cy runs "
-                    f"Q8_0 matrices and F32 norms: convert the file first "
-                    f"(gemma-cy convert IN.gguf -o OUT.gguf)")
-        return Weights(config=config, tensors=tensors, source=gf.path, keepalive=[gf.mm])
-    except ModelFormatError:
-        close_quietly(gf.mm)
-        raise
+    return _read_model(path, _mapped_tensor, keep_map=True)
 
 
 def read_gguf_f32(path) -> Weights:
@@ -330,22 +355,4 @@ def read_gguf_f32(path) -> Weights:
     original weights as HF transformers sees them, for the reference engine's
     checks against an independent implementation. Not zero-copy (Gemma 3
     270M takes ~1.1 GB)."""
-    from ..quant.ggml import dequantize
-
-    gf = parse_gguf(path)
-    try:
-        config = gguf_config(gf)
-        names = check_model_tensors(gf, config)
-        tensors = {}
-        for g, w in names.items():
-            t = gf.tensors[g]
-            try:
-                values = dequantize(gf.raw(g), t.ggml_type, t.shape)
-                tensors[w] = F32Tensor(np.require(values, np.float32, ["C", "O"]))  # own it: the map closes
-            except ValueError as e:
-                raise ModelFormatError(f"{gf.path}: tensor {g!r} ({t.type_name}): {e}") from None
-            if not np.all(np.isfinite(tensors[w].data)):
-                raise ModelFormatError(f"{gf.path}: tensor {g!r} holds NaN or Inf")
-        return Weights(config=config, tensors=tensors, source=gf.path)
-    finally:
-        close_quietly(gf.mm)
+    return _read_model(path, _dequantized_tensor, keep_map=False)

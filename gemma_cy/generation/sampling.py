@@ -41,6 +41,7 @@ import numbers
 import numpy as np
 
 from ..errors import NumericalError, ParameterError
+from ..model.logits import argmax
 
 MASK64 = (1 << 64) - 1
 GOLDEN_GAMMA = 0x9E3779B97F4A7C15
@@ -261,7 +262,7 @@ class Sampler:
         """The next token id; draws exactly one uniform unless greedy."""
         x = _check_logits(logits)
         if self.is_greedy:
-            return int(np.argmax(x))  # first maximum: lowest id wins ties
+            return argmax(x)  # lowest id wins ties
         ids, w = self._filter(x)
         return _walk(ids, w, self.rng.uniform())
 
@@ -273,7 +274,7 @@ class Sampler:
         """
         x = _check_logits(logits)
         if self.is_greedy:
-            return np.array([np.argmax(x)], dtype=np.int64), np.ones(1)
+            return np.array([argmax(x)], dtype=np.int64), np.ones(1)
         ids, w = self._filter(x)
         positive = np.flatnonzero(w > 0)  # a weight of 0 can never be drawn
         probs = w[positive].astype(np.float64)
