@@ -126,7 +126,7 @@ class F32Weights:
         the embedding rows and norm gains stay f32. ParameterError for a mode
         the model cannot run (gemma_cy.model.checks.check_activation_mode)."""
         c = weights.config
-        check_activation_mode(activations, c)
+        check_activation_mode(activations, c, weights.tensors)
 
         def deq(name: str) -> np.ndarray:
             return weights[name].dequantize()

@@ -297,6 +297,19 @@ def with_tensor(weights: Weights, name: str, q=None, scale=None) -> Weights:
     return Weights(weights.config, tensors)
 
 
+def gemma3_gguf_fields(c: ModelConfig) -> dict:
+    """The GGUF metadata of a Gemma 3 model of config ``c``."""
+    return {
+        "general.architecture": "gemma3", "gemma3.context_length": c.max_seq_len,
+        "gemma3.embedding_length": c.dim, "gemma3.block_count": c.n_layers,
+        "gemma3.feed_forward_length": c.mlp_dim, "gemma3.attention.head_count": c.n_heads,
+        "gemma3.attention.head_count_kv": c.n_kv_heads, "gemma3.attention.key_length": c.head_dim,
+        "gemma3.attention.value_length": c.head_dim, "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
+        "gemma3.rope.freq_base": c.rope_base, "gemma3.attention.sliding_window": c.sliding_window,
+        "gemma3.attention.sliding_window_pattern": c.sliding_window_pattern,
+    }
+
+
 def gguf_tensors(weights: Weights) -> list[TensorData]:
     """``weights`` (Q8_0 and F32 tensors) as gguf_writer tensors under
     llama.cpp's names, dims in GGUF order (the row length first)."""

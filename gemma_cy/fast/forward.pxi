@@ -44,6 +44,7 @@ from gemma_cy.model.observe import op_shape
 from gemma_cy.fast.arena import pack_matrices
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import Int8Tensor, Q8_0Tensor
+from gemma_cy.quant.affine import AffineTensor
 
 
 # The layer ops the trace records, in gemma_cy.observe.LAYER_OPS order; the
@@ -109,11 +110,15 @@ cdef Py_ssize_t _matrix_bytes(object tensor):
     """Bytes of a weight matrix's values as stored (0 for a vector)."""
     if len(tensor.shape) != 2:
         return 0
-    return tensor.blocks.nbytes if isinstance(tensor, Q8_0Tensor) else tensor.q.nbytes
+    if isinstance(tensor, Q8_0Tensor):
+        return tensor.blocks.nbytes
+    if isinstance(tensor, AffineTensor):
+        return tensor.records.nbytes
+    return tensor.q.nbytes
 
 
 cdef QMatrix _qmatrix(object tensor, list keep, bint resident) except *:
-    """The kernels' view of a weight matrix (Int8Tensor or Q8_0Tensor): a
+    """The kernels' view of a weight matrix (Int8Tensor, Q8_0Tensor or AffineTensor): a
     pointer into its (read-only, usually mapped) values, no copy; ``keep``
     keeps the array alive. ``resident``: the model stays in cache."""
     cdef const int8_t[:, ::1] view
@@ -121,6 +126,8 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident) except *:
     cdef QMatrix m
     m.q = NULL
     m.blocks = NULL
+    m.sub = 0
+    m.has_offset = False
     m.scale = 1
     m.resident = resident
     if isinstance(tensor, Int8Tensor):
@@ -138,6 +145,18 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident) except *:
         m.rows = blocks.shape[0]
         m.cols = blocks.shape[1] * Q8_0_BLOCK
         m.layout = QLAYOUT_Q8_0
+    elif isinstance(tensor, AffineTensor):
+        blocks = _array(tensor.records, "affine records", np.uint8, (3,))
+        keep.append(tensor.records)
+        m.blocks = &blocks[0, 0, 0]
+        m.rows = blocks.shape[0]
+        m.cols = blocks.shape[1] * tensor.sub
+        m.sub = tensor.sub
+        m.has_offset = tensor.has_offset
+        if m.cols % Q8_0_BLOCK or (<size_t> m.blocks) % 4:
+            raise ModelFormatError(f"affine matrix of {m.cols} columns at {<size_t> m.blocks:#x}: "
+                                   f"the kernels need a multiple of {Q8_0_BLOCK} columns, 4-byte aligned records")
+        m.layout = QLAYOUT_AFFINE
     else:
         raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
     return m
@@ -258,7 +277,7 @@ cdef class FastModel:
         c = weights.config
         if not 0 < cache_len <= c.max_seq_len:
             raise ValueError(f"cache_len = {cache_len}, must be in [1, {c.max_seq_len}]")
-        self.act_q8 = check_activation_mode(activations, c) == "q8"  # ParameterError when it does not fit
+        self.act_q8 = check_activation_mode(activations, c, weights.tensors) == "q8"  # ParameterError when it does not fit
         self._keep = [weights]  # weights.keepalive holds the mapped file
         keep = self._keep
         self.n_layers, self.dim, self.n_heads, self.n_kv_heads = c.n_layers, c.dim, c.n_heads, c.n_kv_heads
@@ -654,7 +673,7 @@ cdef class FastModel:
 
 def gemm(tensor, x, str activations="f32", bint resident=False):
     """out (T, rows) = x (T, cols) . w^T for a weight matrix ``tensor``
-    (Int8Tensor or Q8_0Tensor) the way the forward pass computes a block of
+    (Int8Tensor, Q8_0Tensor or AffineTensor) the way the forward pass computes a block of
     T positions (k_gemm, or k_quantize_q8 + k_gemm_q8 when activations is
     "q8"); ``resident`` picks the in-cache variant. For tests and tools."""
     keep = []
@@ -664,6 +683,8 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
         raise ValueError(f"gemm: x has {x.shape[1]} columns, the matrix {m.cols}")
     if activations not in ACTIVATION_MODES:
         raise ValueError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
+    if activations == "q8" and m.layout == QLAYOUT_AFFINE:
+        raise ValueError("gemm: q8 activations run int8 and Q8_0 matrices, not affine ones")
     if activations == "q8" and m.cols % Q8_0_BLOCK:
         raise ValueError(f"gemm: q8 activations need cols % {Q8_0_BLOCK} == 0, got {m.cols}")
     out = np.empty((x.shape[0], m.rows), np.float32)

@@ -1,8 +1,9 @@
 """Gemma 3 and Llama GGUF files as models: metadata -> ``ModelConfig``
 (``gguf_config``), llama.cpp tensor names -> ``Weights`` names, the checks a
 model's tensor set must pass, and ``read_gguf`` / ``read_gguf_f32``
-(docs/formats.md#architectures). The engines run Q8_0 matrices and F32 norms;
-other types go through ``gemma_cy.commands.convert`` first."""
+(docs/formats.md#architectures). ``read_gguf`` keeps every weight the file
+holds: Q8_0 matrices as views of the map, the other integer block types laid
+out once at load, exactly (docs/numerics.md#weights-as-stored)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +15,8 @@ import numpy as np
 from ..errors import ModelFormatError
 from ..model.config import ModelConfig
 from ..model.weights import Weights, expected_shapes
+from ..quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor
+from ..quant.ggml import is_exact_in_q8_0, to_q8_0
 from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, close_quietly, parse_gguf, type_name)
 
@@ -290,7 +293,7 @@ def check_model_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, str]:
     return names
 
 
-def _read_model(path, tensor: Callable[[GGUFFile, str], F32Tensor | Q8_0Tensor], keep_map: bool) -> Weights:
+def _read_model(path, tensor: Callable[[GGUFFile, str], object], keep_map: bool) -> Weights:
     """The steps both readers share: parse the file, its ModelConfig, the
     checked tensor set, then ``tensor(gf, gguf_name)`` for every tensor. With
     ``keep_map`` the tensors are views of the map and the Weights keep it
@@ -309,18 +312,29 @@ def _read_model(path, tensor: Callable[[GGUFFile, str], F32Tensor | Q8_0Tensor],
     return weights
 
 
-def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor:
-    """Tensor ``g`` as a zero-copy, read-only view of the map: an F32 vector
-    or a Q8_0 matrix; any other type or rank is refused."""
+def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | AffineTensor:
+    """Tensor ``g`` as the engines run it, every weight the file's value
+    (docs/numerics.md#weights-as-stored): an F32 vector or a Q8_0 matrix as a
+    zero-copy, read-only view of the map; a Q4_0 or Q5_0 matrix as Q8_0
+    blocks (the same f16 scale and integer levels, laid out once at load);
+    a matrix of another integer block type as an AffineTensor (levels, scale
+    and offset per sub-block, laid out once at load). Any other type or rank
+    is refused, naming the tensor and its type."""
     t = gf.tensors[g]
     if len(t.dims) == 1 and t.ggml_type == F32_ID:
         return F32Tensor(np.frombuffer(gf.mm, dtype=np.float32, count=t.dims[0], offset=t.offset))
     if len(t.dims) == 2 and t.ggml_type == Q8_0_ID:
         return Q8_0Tensor(gf.raw(g).reshape(t.dims[1], t.dims[0] // Q8_0_BLOCK, Q8_0_BYTES))
+    try:
+        if len(t.dims) == 2 and is_exact_in_q8_0(t.ggml_type):
+            return Q8_0Tensor(to_q8_0(gf.raw(g), t.ggml_type, t.shape))
+        if len(t.dims) == 2 and t.ggml_type in DECOMPOSERS:
+            return AffineTensor.from_raw(gf.raw(g), t.ggml_type, t.shape)
+    except ValueError as e:
+        raise ModelFormatError(f"{gf.path}: tensor {g!r} ({t.type_name}): {e}") from None
     raise ModelFormatError(
-        f"{gf.path}: tensor {g!r} is {t.type_name} with {len(t.dims)} dims; gemma-cy runs "
-        f"Q8_0 matrices and F32 norms: convert the file first "
-        f"(gemma-cy convert IN.gguf -o OUT.gguf)")
+        f"{gf.path}: tensor {g!r} is {t.type_name} with {len(t.dims)} dims; the engines run F32 vectors and "
+        f"matrices of the integer block types ({', '.join(AFFINE_TYPES)})")
 
 
 def _dequantized_tensor(gf: GGUFFile, g: str) -> F32Tensor:
@@ -340,12 +354,14 @@ def _dequantized_tensor(gf: GGUFFile, g: str) -> F32Tensor:
 
 
 def read_gguf(path) -> Weights:
-    """Read a Gemma 3 or Llama GGUF file of Q8_0 matrices and F32 norms as Weights of
-    zero-copy, read-only views (``Q8_0Tensor``, ``F32Tensor``) of the mapped
-    file; the map stays alive through ``Weights.keepalive``. Tied embeddings
-    stay one tensor. Raises ModelFormatError for anything ``parse_gguf`` or
-    ``gguf_config`` rejects, an unexpected, missing or misshapen tensor, or
-    another tensor type (convert such files first: ``gemma_cy.commands.convert``)."""
+    """Read a Gemma 3 or Llama GGUF file as the engines run it: F32 norms and
+    Q8_0 matrices as zero-copy, read-only views of the mapped file (the map
+    stays alive through ``Weights.keepalive``), every other integer block
+    type laid out once, exactly (``_mapped_tensor``). Tied embeddings stay
+    one tensor. Raises ModelFormatError for anything ``parse_gguf`` or
+    ``gguf_config`` rejects, an unexpected, missing or misshapen tensor, or a
+    matrix type the engines do not run (F16, BF16, F32 matrices, the IQ
+    family), naming the tensor and its type."""
     return _read_model(path, _mapped_tensor, keep_map=True)
 
 

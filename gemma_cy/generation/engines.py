@@ -21,7 +21,7 @@ def make_engine(name: str, weights: Weights, max_cache_len: int, activations: st
     to int8 per block of 32 (docs/numerics.md#activation-modes: both engines do it bit for bit the
     same way; it costs fidelity, so it is never the default)."""
     cache_length(max_cache_len, weights.config)  # ParameterError unless an integer > 0
-    check_activation_mode(activations, weights.config)  # ParameterError unless the model can run it
+    check_activation_mode(activations, weights.config, weights.tensors)  # ParameterError unless the model can run it
     if name == "reference":
         from gemma_cy_reference.model import ReferenceEngine
         return ReferenceEngine(weights, max_cache_len, activations)

@@ -11,13 +11,14 @@ checks the inputs, then hands them to the engine's own ``_run``.
 from __future__ import annotations
 
 import operator
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from .config import ModelConfig
 from .observe import Observer
 from ..errors import NumericalError, ParameterError, TokenIndexError
+from ..quant.affine import AffineTensor
 from ..quant.tensors import Q8_0_BLOCK
 
 # How the engines compute a matrix product's input: "f32" (the default) or
@@ -26,18 +27,25 @@ from ..quant.tensors import Q8_0_BLOCK
 ACTIVATION_MODES = ("f32", "q8")
 
 
-def check_activation_mode(activations, config: ModelConfig) -> str:
+def check_activation_mode(activations, config: ModelConfig, tensors: Mapping[str, object] | None = None) -> str:
     """``activations`` when it names a mode of ACTIVATION_MODES that the
     model can run; else ParameterError (the user's choice of mode does not
     fit the model). q8 quantizes the inputs of every matrix per block of 32,
     so the widths they have (dim, n_heads*head_dim, mlp_dim) must be
-    multiples of 32."""
+    multiples of 32; and its integer products run int8 and Q8_0 matrices
+    only, so ``tensors`` (the model's, when given) must hold no matrix of
+    another block type (an AffineTensor: Q4_K, Q6_K, Q4_1...)."""
     if activations not in ACTIVATION_MODES:
         raise ParameterError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
     widths = (config.dim, config.q_dim, config.mlp_dim)
     if activations == "q8" and any(width % Q8_0_BLOCK for width in widths):
         raise ParameterError(f"activations = 'q8' needs dim, n_heads*head_dim and mlp_dim to be multiples "
                              f"of {Q8_0_BLOCK}; this model has {widths[0]}, {widths[1]}, {widths[2]}")
+    if activations == "q8" and tensors is not None:
+        for name, tensor in tensors.items():
+            if isinstance(tensor, AffineTensor):
+                raise ParameterError(f"activations = 'q8' runs int8 and Q8_0 matrices; {name} is {tensor.source} "
+                                     f"(run this model with activations = 'f32')")
     return activations
 
 

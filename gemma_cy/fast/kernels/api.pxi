@@ -15,6 +15,7 @@ from libc.stdint cimport int8_t, uint8_t, uint16_t
 cdef enum QLayout:
     QLAYOUT_I8_TENSOR = 0  # int8, one f32 scale for the whole tensor (GMW1, docs/formats.md#int8-per-tensor-quantization)
     QLAYOUT_Q8_0 = 1  # llama.cpp's Q8_0: int8 with one f16 scale per block of 32 (GGUF)
+    QLAYOUT_AFFINE = 2  # int8 levels, an f32 scale and offset per sub-block: any other GGUF integer type, exactly
 
 # Q8_0: each run of 32 values of a row is one block of 34 bytes, the f16 scale
 # d (little-endian) then the 32 int8 q; a row is cols / 32 blocks back to back,
@@ -29,10 +30,13 @@ cdef enum:
 # into the (memory-mapped, read-only) file, its scale and its layout.
 cdef struct QMatrix:
     const int8_t* q  # QLAYOUT_I8_TENSOR: (rows, cols) row-major, rows back to back, any start address
-    const uint8_t* blocks  # QLAYOUT_Q8_0: (rows, cols / 32, 34) bytes, any start address
+    const uint8_t* blocks  # QLAYOUT_Q8_0: (rows, cols / 32, 34) bytes, any start address;
+                           # QLAYOUT_AFFINE: (rows, cols / sub, sub + 4 [+ 4]) records, 4-byte aligned
     float scale  # QLAYOUT_I8_TENSOR: the one scale of the tensor
     Py_ssize_t rows
-    Py_ssize_t cols  # QLAYOUT_Q8_0: a multiple of 32
+    Py_ssize_t cols  # QLAYOUT_Q8_0, QLAYOUT_AFFINE: a multiple of 32
+    Py_ssize_t sub  # QLAYOUT_AFFINE: values per sub-block (16 or 32)
+    bint has_offset  # QLAYOUT_AFFINE: records carry an offset b after the scale a
     QLayout layout
     bint resident  # expected in cache (the whole model fits the last-level cache): see k_gemv_i8_resident
 
@@ -68,6 +72,22 @@ cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks
 # blocks (rows, n_blocks, 34), x (32 * n_blocks,), out (rows,).
 cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
                       Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil
+
+# Affine rows (QLAYOUT_AFFINE; gemma_cy.quant.affine): cols / sub records of
+# sub int8 levels q, the scale a (f32) and, when has_offset, the offset b
+# (f32); weight = f32(f32(a * q) - b), ggml's dequantized value bit for bit.
+# k_dot_affine sums the exact weights times x in the order of k_dot_q8_0
+# (32-value blocks, 8-value group g into accumulator g): cols a multiple of 32.
+cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
+                        bint has_offset) noexcept nogil
+
+# out[r] = k_dot_affine of row r, bit for bit: rec (rows, cols / sub, record bytes).
+cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize_t rows, Py_ssize_t cols,
+                        Py_ssize_t sub, bint has_offset) noexcept nogil
+
+# out (cols,) = one affine row's weights, exactly.
+cdef void k_dequantize_affine(float* out, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
+                              bint has_offset) noexcept nogil
 
 # out (w.rows,) = dequantized w . x (cols,), whatever w's layout; out must
 # not overlap x.
@@ -112,7 +132,8 @@ cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* x
 
 # k_gemm over quantized activations: xq (n_tokens, w.cols) int8, xd
 # (n_tokens, w.cols / 32); out[t, r] = k_dot_*_q8 of row r and token t.
-# w.cols must be a multiple of 32.
+# w.cols must be a multiple of 32; w is QLAYOUT_I8_TENSOR or QLAYOUT_Q8_0 (the
+# q8 mode does not run affine matrices: gemma_cy.model.checks refuses them).
 cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
                     Py_ssize_t n_tokens) noexcept nogil
 

@@ -96,6 +96,85 @@ cdef void _gemv_q8_0_rows(float* out, const uint8_t* blocks, const float* x,
         out[r] = k_dot_q8_0(blocks + r * row_bytes, x, n_blocks)
 
 
+# --- Affine matrices (QLAYOUT_AFFINE): every GGUF integer block type as stored
+# weights, exactly (docs/formats.md#block-types). A row of cols values is
+# cols / sub records of sub + 4 (+ 4) bytes: sub int8 levels q, then the
+# sub-block's scale a (f32), then its offset b (f32) when the type has one;
+# weight = f32(f32(a * q) - b), which is ggml's dequantized value bit for bit
+# (a * q is exact for every type but Q6_K, whose one rounding is ggml's too).
+#
+# Summation order of a row, the Q8_0 order (see the dot_<isa>.pxi files): a
+# row is read as 32-value blocks (one record of 32, or two of 16), 8-value
+# group g of every block into accumulator g, each product the exact weight
+# times x; the accumulators' lanes (a0 + a1) + (a2 + a3), summed by _sum8.
+
+cdef inline float _load_f32(const uint8_t* p) noexcept nogil:
+    """The little-endian f32 at p (4-byte aligned in every record)."""
+    cdef float v
+    memcpy(&v, p, 4)
+    return v
+
+
+cdef inline Py_ssize_t _affine_row_bytes(const QMatrix* w) noexcept nogil:
+    """Bytes of one row of an affine matrix."""
+    return w.cols // w.sub * (w.sub + 4 + (4 if w.has_offset else 0))
+
+
+cdef float _dot_affine_portable(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
+                                bint has_offset) noexcept nogil:
+    """One row of an affine matrix times x in portable C (the modules without
+    an affine kernel of their own): the order above, in 32 lane sums
+    acc[8 g + j] (column 8 g + j of every 32-value block; one loop -O3
+    vectorizes), unfused (the modules that run it are built with
+    -ffp-contract=off)."""
+    cdef float acc[32]
+    cdef float lanes[8]
+    cdef float a, b = 0
+    cdef const int8_t* q
+    cdef Py_ssize_t rb = sub + 4 + (4 if has_offset else 0), k, h, j
+    for j in range(32):
+        acc[j] = 0
+    for k in range(cols // 32):
+        h = 0
+        while h < 32:  # one record of 32, or two of 16
+            q = <const int8_t*> rec
+            a = _load_f32(rec + sub)
+            if has_offset:
+                b = _load_f32(rec + sub + 4)
+            for j in range(sub):
+                acc[h + j] += ((a * q[j]) - b) * x[h + j]
+            rec += rb
+            h += sub
+        x += 32
+    for j in range(8):
+        lanes[j] = (acc[j] + acc[8 + j]) + (acc[16 + j] + acc[24 + j])
+    return _sum8(lanes)
+
+
+cdef void k_dequantize_affine(float* out, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
+                              bint has_offset) noexcept nogil:
+    cdef float a, b = 0
+    cdef const int8_t* q
+    cdef Py_ssize_t rb = sub + 4 + (4 if has_offset else 0), s, j, n_sub = cols // sub
+    for s in range(n_sub):
+        q = <const int8_t*> rec
+        a = _load_f32(rec + sub)
+        if has_offset:
+            b = _load_f32(rec + sub + 4)
+        for j in range(sub):
+            out[j] = (a * q[j]) - b  # a * q exact but for Q6_K, where b == 0: no fused rounding can differ
+        out += sub
+        rec += rb
+
+
+cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize_t rows, Py_ssize_t cols,
+                        Py_ssize_t sub, bint has_offset) noexcept nogil:
+    cdef Py_ssize_t r, row_bytes = cols // sub * (sub + 4 + (4 if has_offset else 0))
+    for r in range(rows):
+        _prefetch_row(rec + r * row_bytes, row_bytes)
+        out[r] = k_dot_affine(rec + r * row_bytes, x, cols, sub, has_offset)
+
+
 cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
     if w.layout == QLAYOUT_I8_TENSOR:
         if w.resident:
@@ -104,6 +183,8 @@ cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
             k_gemv_i8(out, w.q, w.scale, x, w.rows, w.cols)
     elif w.layout == QLAYOUT_Q8_0:
         k_gemv_q8_0(out, w.blocks, x, w.rows, w.cols // Q8_0_BLOCK)
+    elif w.layout == QLAYOUT_AFFINE:
+        k_gemv_affine(out, w.blocks, x, w.rows, w.cols, w.sub, w.has_offset)
 
 
 cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
@@ -121,6 +202,7 @@ cdef void _gemm_by_rows(float* out, const QMatrix* w, const float* x, Py_ssize_t
     multiplied with each of the tile's tokens by the module's dot product."""
     cdef Py_ssize_t t0 = 0, t, tn, r, rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
+    cdef Py_ssize_t affine_bytes = _affine_row_bytes(w) if w.layout == QLAYOUT_AFFINE else 0
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_TOKEN_TILE, n_tokens - t0)
         for r in range(rows):
@@ -128,6 +210,11 @@ cdef void _gemm_by_rows(float* out, const QMatrix* w, const float* x, Py_ssize_t
                 _prefetch_row(w.q + r * cols, cols)
                 for t in range(t0, t0 + tn):
                     out[t * rows + r] = k_dot_i8(w.q + r * cols, x + t * cols, cols, w.scale)
+            elif w.layout == QLAYOUT_AFFINE:
+                _prefetch_row(w.blocks + r * affine_bytes, affine_bytes)
+                for t in range(t0, t0 + tn):
+                    out[t * rows + r] = k_dot_affine(w.blocks + r * affine_bytes, x + t * cols, cols, w.sub,
+                                                     w.has_offset)
             else:
                 _prefetch_row(w.blocks + r * row_bytes, row_bytes)
                 for t in range(t0, t0 + tn):
@@ -166,7 +253,8 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
     elif w.layout == QLAYOUT_Q8_0:
         nb = w.cols // Q8_0_BLOCK
         k_dequantize_q8_0(out, w.blocks + row * nb * Q8_0_BYTES, nb)
-
+    elif w.layout == QLAYOUT_AFFINE:
+        k_dequantize_affine(out, w.blocks + row * _affine_row_bytes(w), w.cols, w.sub, w.has_offset)
 
 
 cdef inline uint16_t _load_u16(const uint8_t* p) noexcept nogil:

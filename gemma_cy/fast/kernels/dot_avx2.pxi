@@ -61,6 +61,7 @@ cdef extern from "immintrin.h" nogil:
     __m128 _mm256_extractf128_ps(__m256 a, int i)
     __m128 _mm_add_ps(__m128 a, __m128 b)
     __m128 _mm_hadd_ps(__m128 a, __m128 b)
+    __m256 _mm256_sub_ps(__m256 a, __m256 b)
     void _mm_storeu_ps(float* p, __m128 a)
 
 cdef inline __m256 _widen8(const int8_t* q) noexcept nogil:
@@ -421,16 +422,19 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     one overlapping the one before if need be), the kernels run over every
     position of the pass (the dequantized rows stay in L1, the pass's x in
     L2); a matrix of 1 or 2 rows by the GEMV's dot product, bit for bit the
-    same order. Other int8 matrices: _gemm_by_rows."""
+    same order. An affine matrix (its k_dot_affine has the Q8_0 order) takes
+    the same path, its rows dequantized exactly by _affine_grouped. Other
+    int8 matrices: _gemm_by_rows."""
     cdef bint q8_0 = w.layout == QLAYOUT_Q8_0
+    cdef bint affine = w.layout == QLAYOUT_AFFINE
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
-    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if q8_0 else cols
-    cdef const uint8_t* base = w.blocks if q8_0 else <const uint8_t*> w.q
-    cdef float scale = 1.0 if q8_0 else w.scale  # (x * 1.0 is x, bit for bit)
+    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if q8_0 else (_affine_row_bytes(w) if affine else cols)
+    cdef const uint8_t* base = w.blocks if q8_0 or affine else <const uint8_t*> w.q
+    cdef float scale = 1.0 if q8_0 or affine else w.scale  # (x * 1.0 is x, bit for bit)
     cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) dequantized rows, group-major
     cdef float* xt = scratch + GEMM_ROW_TILE * cols  # (n_tokens, cols) x, group-major
     cdef Py_ssize_t t, t0, tn, r, i, n
-    if not q8_0 and cols % Q8_0_BLOCK != 0:
+    if not q8_0 and not affine and cols % Q8_0_BLOCK != 0:
         _gemm_by_rows(out, w, x, n_tokens)
         return
     for t in range(n_tokens):
@@ -450,6 +454,8 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
                     _prefetch_row(base + (r + i) * row_bytes, row_bytes)
                 if q8_0:
                     _dequantize_grouped(wt + i * cols, base + (r + i) * row_bytes, nb)
+                elif affine:
+                    _affine_grouped(wt + i * cols, base + (r + i) * row_bytes, cols, w.sub, w.has_offset)
                 else:
                     _widen_grouped(wt + i * cols, w.q + (r + i) * cols, nb)
             t = t0
@@ -468,7 +474,84 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
             for t in range(t0, t0 + tn):
                 if q8_0:
                     out[t * rows + r] = k_dot_q8_0(base + r * row_bytes, x + t * cols, nb)
+                elif affine:
+                    out[t * rows + r] = k_dot_affine(base + r * row_bytes, x + t * cols, cols, w.sub, w.has_offset)
                 else:
                     out[t * rows + r] = k_dot_i8(w.q + r * cols, x + t * cols, cols, scale)
             r += 1
         t0 += tn
+
+
+# Affine matrices (see kernels/common.pxi) with AVX2 + FMA: per 8 values one
+# 8-byte load widened to f32, times the sub-block's scale, minus its offset
+# (the exact weight, as _dequantize_grouped's f32(q) * f32(d) for Q8_0), then
+# one FMA with 8 activations into accumulator g: the Q8_0 order, so the GEMM
+# runs affine rows through the same group-major kernels.
+
+cdef inline __m256 _affine8(const int8_t* q, __m256 a, __m256 b, bint has_offset) noexcept nogil:
+    """The exact weights f32(f32(a * q[0:8]) - b)."""
+    cdef __m256 w = _mm256_mul_ps(_widen8(q), a)
+    return _mm256_sub_ps(w, b) if has_offset else w
+
+
+cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
+                        bint has_offset) noexcept nogil:
+    cdef __m256 a0 = _mm256_setzero_ps()
+    cdef __m256 a1 = _mm256_setzero_ps()
+    cdef __m256 a2 = _mm256_setzero_ps()
+    cdef __m256 a3 = _mm256_setzero_ps()
+    cdef __m256 va, vb = _mm256_setzero_ps()
+    cdef const int8_t* q
+    cdef Py_ssize_t k, rb = sub + 4 + (4 if has_offset else 0), nb = cols // 32
+    cdef float lanes[8]
+    if sub == 32:
+        for k in range(nb):
+            q = <const int8_t*> rec
+            va = _mm256_set1_ps(_load_f32(rec + 32))
+            if has_offset:
+                vb = _mm256_set1_ps(_load_f32(rec + 36))
+            a0 = _mm256_fmadd_ps(_affine8(q, va, vb, has_offset), _mm256_loadu_ps(x), a0)
+            a1 = _mm256_fmadd_ps(_affine8(q + 8, va, vb, has_offset), _mm256_loadu_ps(x + 8), a1)
+            a2 = _mm256_fmadd_ps(_affine8(q + 16, va, vb, has_offset), _mm256_loadu_ps(x + 16), a2)
+            a3 = _mm256_fmadd_ps(_affine8(q + 24, va, vb, has_offset), _mm256_loadu_ps(x + 24), a3)
+            rec += rb
+            x += 32
+    else:  # two records of 16 per 32-value block
+        for k in range(nb):
+            q = <const int8_t*> rec
+            va = _mm256_set1_ps(_load_f32(rec + 16))
+            if has_offset:
+                vb = _mm256_set1_ps(_load_f32(rec + 20))
+            a0 = _mm256_fmadd_ps(_affine8(q, va, vb, has_offset), _mm256_loadu_ps(x), a0)
+            a1 = _mm256_fmadd_ps(_affine8(q + 8, va, vb, has_offset), _mm256_loadu_ps(x + 8), a1)
+            rec += rb
+            q = <const int8_t*> rec
+            va = _mm256_set1_ps(_load_f32(rec + 16))
+            if has_offset:
+                vb = _mm256_set1_ps(_load_f32(rec + 20))
+            a2 = _mm256_fmadd_ps(_affine8(q, va, vb, has_offset), _mm256_loadu_ps(x + 16), a2)
+            a3 = _mm256_fmadd_ps(_affine8(q + 8, va, vb, has_offset), _mm256_loadu_ps(x + 24), a3)
+            rec += rb
+            x += 32
+    _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)))
+    return _sum8(lanes)
+
+
+cdef inline void _affine_grouped(float* out, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
+                                 bint has_offset) noexcept nogil:
+    """One affine row as exact f32 weights, group-major like
+    _dequantize_grouped: out[(g * nb + k) * 8 + j] = w[32 k + 8 g + j]."""
+    cdef Py_ssize_t nb = cols // 32, stride = nb * 8, rb = sub + 4 + (4 if has_offset else 0), k, s, g, c
+    cdef __m256 va, vb = _mm256_setzero_ps()
+    cdef const int8_t* q
+    c = 0  # the value of the row where the record starts
+    for s in range(cols // sub):
+        q = <const int8_t*> rec
+        va = _mm256_set1_ps(_load_f32(rec + sub))
+        if has_offset:
+            vb = _mm256_set1_ps(_load_f32(rec + sub + 4))
+        for g in range(sub // 8):
+            k = (c + 8 * g) // 32
+            _mm256_storeu_ps(out + ((c + 8 * g) % 32 // 8) * stride + k * 8, _affine8(q + 8 * g, va, vb, has_offset))
+        c += sub
+        rec += rb

@@ -29,6 +29,7 @@ cdef extern from "immintrin.h" nogil:
     __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c)
     __m512 _mm512_add_ps(__m512 a, __m512 b)
     __m512 _mm512_mul_ps(__m512 a, __m512 b)
+    __m512 _mm512_sub_ps(__m512 a, __m512 b)
     __m512 _mm512_set1_ps(float a)
     void _mm512_storeu_ps(void* p, __m512 a)
     float _cvtsh_ss(unsigned short h)  # F16C: one f16 -> f32, exact
@@ -122,3 +123,42 @@ cdef inline void _scores8(float* out, const float* q, const float* keys, Py_ssiz
 
 cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
     return _score_portable(q, key, n)
+
+
+# k_dot_affine (see kernels/common.pxi): per 16 values, the exact weights
+# f32(f32(a * q) - b) (one widening, one product, one subtraction) and one
+# FMA with x; the first 16 values of every 32 into acc0, the last 16 into
+# acc1; the 16 lanes of acc0 + acc1 summed as k_dot_q8_0's.
+
+cdef inline __m512 _affine16(const int8_t* q, __m512 a, __m512 b, bint has_offset) noexcept nogil:
+    """The exact weights f32(f32(a * q[0:16]) - b)."""
+    cdef __m512 w = _mm512_mul_ps(_widen16(q), a)
+    return _mm512_sub_ps(w, b) if has_offset else w
+
+
+cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
+                        bint has_offset) noexcept nogil:
+    cdef __m512 acc0 = _mm512_setzero_ps()
+    cdef __m512 acc1 = _mm512_setzero_ps()
+    cdef __m512 va, vb = _mm512_setzero_ps()
+    cdef Py_ssize_t k, rb = sub + 4 + (4 if has_offset else 0)
+    cdef float lanes[16]
+    for k in range(cols // 32):
+        va = _mm512_set1_ps(_load_f32(rec + sub))
+        if has_offset:
+            vb = _mm512_set1_ps(_load_f32(rec + sub + 4))
+        acc0 = _mm512_fmadd_ps(_affine16(<const int8_t*> rec, va, vb, has_offset), _mm512_loadu_ps(x), acc0)
+        if sub == 16:  # the next 16 values are the next record's
+            rec += rb
+            va = _mm512_set1_ps(_load_f32(rec + 16))
+            if has_offset:
+                vb = _mm512_set1_ps(_load_f32(rec + 20))
+            acc1 = _mm512_fmadd_ps(_affine16(<const int8_t*> rec, va, vb, has_offset), _mm512_loadu_ps(x + 16),
+                                   acc1)
+        else:
+            acc1 = _mm512_fmadd_ps(_affine16(<const int8_t*> rec + 16, va, vb, has_offset), _mm512_loadu_ps(x + 16),
+                                   acc1)
+        rec += rb
+        x += 32
+    _mm512_storeu_ps(lanes, _mm512_add_ps(acc0, acc1))
+    return _sum8(lanes) + _sum8(lanes + 8)

@@ -140,3 +140,8 @@ cdef inline void _scores8(float* out, const float* q, const float* keys, Py_ssiz
 
 cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
     return _score_portable(q, key, n)
+
+
+cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
+                        bint has_offset) noexcept nogil:
+    return _dot_affine_portable(rec, x, cols, sub, has_offset)

@@ -1,0 +1,190 @@
+"""Every GGUF integer block type run as the file stores it
+(docs/numerics.md#weights-as-stored): the fast engine's affine kernels
+(k_dot_affine for decode, the blocked GEMM for prefill, the row lookup of an
+embedding) against a float64 product of the file's exact weights, bit for
+bit between the GEMV and the GEMM of each module; and a whole model whose
+matrices cycle through all ten types, read from a GGUF file, against the
+NumPy reference op by op and token for token, on every SIMD module."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gemma_cy.errors import ModelFormatError, ParameterError
+from gemma_cy.fast.engine import FastEngine
+from gemma_cy.formats.gguf_model import read_gguf
+from gemma_cy.formats.gguf_writer import TensorData, write_gguf
+from gemma_cy.formats.gguf_model import gguf_tensor_name
+from gemma_cy.generation.engines import make_engine
+from gemma_cy.model.config import ModelConfig
+from gemma_cy.model.weights import expected_shapes
+from gemma_cy.quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, to_affine
+from gemma_cy.quant.ggml import GGML_TYPE_IDS, GGML_TYPES
+from gemma_cy.quant.tensors import Q8_0Tensor
+from gemma_cy_reference.model import ReferenceEngine
+from helpers import ISA, check_each_op_against_the_reference, gemma3_gguf_fields, greedy_both, kernels
+
+# Byte offsets of each type's f16 scales in its block.
+F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
+          "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+U = 2.0 ** -24  # f32's unit roundoff
+
+
+def random_raw(name: str, rows: int, cols: int, rng, target: float) -> np.ndarray:
+    """Random blocks of type ``name`` for a (rows, cols) matrix, the f16
+    scales set so that the largest |weight| is about ``target`` (weights are
+    linear in the block's f16 fields)."""
+    t = GGML_TYPES[GGML_TYPE_IDS[name]]
+    raw = rng.integers(0, 256, (rows * cols // t.block_size, t.type_size), dtype=np.uint8)
+    for at in F16_AT[name]:
+        raw[:, at:at + 2] = np.full(raw.shape[0], 1.0, "<f2").view(np.uint8).reshape(-1, 2)
+    peak = float(np.max(np.abs(to_affine(raw, t.id, (rows, cols)).values()))) or 1.0
+    for at in F16_AT[name]:
+        raw[:, at:at + 2] = np.full(raw.shape[0], target / peak, "<f2").view(np.uint8).reshape(-1, 2)
+    return raw.reshape(rows, -1)
+
+
+def bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """A rounding-error bound of an f32 dot product of rows of w with x in any
+    order of <= cols / 32 + 8 chained additions: (cols / 32 + 8) u sum|w x|,
+    plus the products' own rounding (one u each)."""
+    chain = w.shape[1] / 32 + 8
+    return (chain + 1) * U * (np.abs(w.astype(np.float64)) @ np.abs(x.astype(np.float64)).T).T
+
+
+@ISA
+@pytest.mark.parametrize("name", AFFINE_TYPES)
+@pytest.mark.parametrize("rows", [1, 2, 7])
+def test_affine_gemv_and_gemm_against_float64(isa, name, rows):
+    m = kernels(isa)
+    rng = np.random.default_rng(rows * 1000 + AFFINE_TYPES.index(name))
+    t = GGML_TYPES[GGML_TYPE_IDS[name]]
+    cols = 2 * max(t.block_size, 32) if t.block_size < 256 else 512
+    tensor = AffineTensor.from_raw(random_raw(name, rows, cols, rng, 0.5), t.id, (rows, cols))
+    w = tensor.dequantize()
+    x = rng.uniform(-1, 1, (9, cols)).astype(np.float32)
+    want = x.astype(np.float64) @ w.astype(np.float64).T  # (9, rows)
+    block = m.gemm(tensor, x)  # the prefill path: 9 positions at once
+    assert np.all(np.abs(block - want) <= bound(w, x)), np.max(np.abs(block - want) / bound(w, x))
+    for i in range(x.shape[0]):  # the decode path, one position: the same bits
+        step = m.gemm(tensor, x[i:i + 1])
+        np.testing.assert_array_equal(step[0], block[i], err_msg=f"{isa} {name} position {i}")
+
+
+@ISA
+def test_affine_gemm_covers_row_tiles_and_positions(isa):
+    """13 rows (two 6-row tiles and an overlapping 3-row one) and 70 positions
+    (past one pass of 64): every (position, row) the GEMV's bits."""
+    m = kernels(isa)
+    rng = np.random.default_rng(3)
+    tensor = AffineTensor.from_raw(random_raw("Q4_K", 13, 256, rng, 0.3), GGML_TYPE_IDS["Q4_K"], (13, 256))
+    x = rng.uniform(-1, 1, (70, 256)).astype(np.float32)
+    block = m.gemm(tensor, x)
+    steps = np.concatenate([m.gemm(tensor, x[i:i + 1]) for i in range(70)])
+    np.testing.assert_array_equal(block, steps)
+
+
+def test_q8_mode_refuses_affine_matrices():
+    m = kernels("generic")
+    tensor = AffineTensor.from_raw(random_raw("Q6_K", 2, 256, np.random.default_rng(0), 0.1),
+                                   GGML_TYPE_IDS["Q6_K"], (2, 256))
+    with pytest.raises(ValueError, match="q8 activations run int8 and Q8_0 matrices"):
+        m.gemm(tensor, np.zeros((1, 256), np.float32), activations="q8")
+
+
+# ---------------------------------------------------------------------------
+# A whole model of every type, through a GGUF file
+
+# Gemma 3's switches with every matrix width a multiple of 256 (the K-quants'
+# blocks): a 4-position window on layer 0, tied embeddings.
+CONFIG = ModelConfig(
+    n_layers=2, dim=256, n_heads=2, n_kv_heads=1, head_dim=128, mlp_dim=512, vocab_size=96,
+    max_seq_len=64, activation="gelu_tanh", rope_pairing="half_split", rope_base=1e6,
+    rope_base_local=1e4, norm_gain="plain", position_table=False,
+    embed_scale=float(np.float32(math.sqrt(256))), qk_norm=True, post_norms=True,
+    sliding_window=4, sliding_window_pattern=2, tied_embeddings=True)
+IDS = [2, 17, 90, 0, 42, 42, 9, 31, 5, 20, 64, 1]
+
+
+@pytest.fixture(scope="module")
+def every_type_gguf(tmp_path_factory):
+    """A GGUF file whose matrices cycle through every integer block type."""
+    rng = np.random.default_rng(11)
+    tensors, types = [], {}
+    matrices = [n for n, s in expected_shapes(CONFIG).items() if len(s) == 2]
+    for name, shape in expected_shapes(CONFIG).items():
+        dims = tuple(reversed(shape))
+        if len(shape) == 1:
+            gain = (1 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
+            tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["F32"], dims, gain))
+            continue
+        kind = AFFINE_TYPES[matrices.index(name) % len(AFFINE_TYPES)]
+        target = 1.0 if name == "embed_tokens" else 2.0 / math.sqrt(shape[1])
+        raw = random_raw(kind, shape[0], shape[1], rng, target)
+        tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS[kind], dims, raw.reshape(-1)))
+        types[name] = kind
+    assert set(types.values()) == set(AFFINE_TYPES)
+    path = tmp_path_factory.mktemp("affine") / "every_type.gguf"
+    write_gguf(path, gemma3_gguf_fields(CONFIG), tensors)
+    return path, types
+
+
+def test_every_matrix_is_read_as_the_file_stores_it(every_type_gguf):
+    import gguf
+
+    path, types = every_type_gguf
+    weights = read_gguf(path)
+    reader = gguf.GGUFReader(str(path))
+    theirs = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
+    for name, kind in types.items():
+        t = weights[name]
+        exact_in_q8_0 = kind in ("Q8_0", "Q4_0", "Q5_0")
+        assert isinstance(t, Q8_0Tensor if exact_in_q8_0 else AffineTensor), (name, kind)
+        ours = t.dequantize()
+        want = np.asarray(theirs[gguf_tensor_name(name)], np.float32).reshape(ours.shape)
+        np.testing.assert_array_equal(ours.view(np.uint32), want.view(np.uint32), err_msg=f"{name} ({kind})")
+
+
+@ISA
+def test_every_type_model_each_op_matches_the_reference(isa, every_type_gguf):
+    check_each_op_against_the_reference(read_gguf(every_type_gguf[0]), IDS, isa)
+
+
+@ISA
+def test_every_type_model_greedy_tokens_identical(isa, every_type_gguf):
+    greedy_both(read_gguf(every_type_gguf[0]), IDS, 40, isa)
+
+
+def test_q8_mode_on_an_affine_model_is_one_parameter_error(every_type_gguf):
+    weights = read_gguf(every_type_gguf[0])
+    for build in (lambda: make_engine("fast", weights, 32, "q8"), lambda: make_engine("reference", weights, 32, "q8"),
+                  lambda: FastEngine(weights, 32, activations="q8"), lambda: ReferenceEngine(weights, 32, "q8")):
+        with pytest.raises(ParameterError, match=r"activations = 'q8' runs int8 and Q8_0 matrices; \S+ "
+                                                 r"is (Q4_1|Q5_1|Q2_K|Q3_K|Q4_K|Q5_K|Q6_K)"):
+            build()
+
+
+def test_a_type_without_integer_blocks_is_one_error_naming_the_tensor(tmp_path):
+    """An IQ4_NL matrix (a non-linear code book, not integer levels): one
+    ModelFormatError naming the tensor and its type."""
+    rng = np.random.default_rng(2)
+    tensors = []
+    for name, shape in expected_shapes(CONFIG).items():
+        dims = tuple(reversed(shape))
+        if len(shape) == 1:
+            tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["F32"], dims, np.ones(shape, np.float32)))
+        elif name == "layers.1.up_proj":
+            raw = rng.integers(0, 256, (shape[0] * shape[1] // 32, 18), dtype=np.uint8)
+            raw[:, :2] = np.full(raw.shape[0], 0.01, "<f2").view(np.uint8).reshape(-1, 2)
+            tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["IQ4_NL"], dims, raw.reshape(-1)))
+        else:
+            raw = random_raw("Q8_0", shape[0], shape[1], rng, 0.1)
+            tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["Q8_0"], dims, raw.reshape(-1)))
+    path = tmp_path / "iq4.gguf"
+    write_gguf(path, gemma3_gguf_fields(CONFIG), tensors)
+    with pytest.raises(ModelFormatError, match=r"tensor 'blk\.1\.ffn_up\.weight' is IQ4_NL") as err:
+        read_gguf(path)
+    assert "\n" not in str(err.value)
+    assert set(DECOMPOSERS) == {GGML_TYPE_IDS[n] for n in AFFINE_TYPES}
