@@ -66,7 +66,8 @@ test-debug: $(BUILD_STAMP)
 		| tar -x -C $(DEBUG_SRC)
 	cd $(DEBUG_SRC) && GEMMA_CY_DEBUG=1 $(PYTHON_ABS) setup.py --quiet build_ext --inplace
 	cd $(DEBUG_SRC) && $(PYTHON_ABS) -c "from gemma_cy.fast import ops; print('debug build:', ops._impl.__file__)"
-	cd $(DEBUG_SRC) && $(PYTHON_ABS) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/test_forward.py $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_q8.py
+	cd $(DEBUG_SRC) && $(PYTHON_ABS) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/test_forward.py $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_q8.py \
+		$(CURDIR)/tests/test_affine_engine.py
 
 # Presets fast vs reference, and Gemma 3 270M's figure set; side by side with
 # the peers when .venv-peers exists (not a test: nothing gates on it).

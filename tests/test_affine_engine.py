@@ -20,15 +20,15 @@ from gemma_cy.formats.gguf_model import gguf_tensor_name
 from gemma_cy.generation.engines import make_engine
 from gemma_cy.model.config import ModelConfig
 from gemma_cy.model.weights import expected_shapes
+from gemma_cy.formats.gguf_reader import _F16_SCALE_OFFSETS
 from gemma_cy.quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, to_affine
-from gemma_cy.quant.ggml import GGML_TYPE_IDS, GGML_TYPES
+from gemma_cy.quant.types import GGML_TYPE_IDS, GGML_TYPES
 from gemma_cy.quant.tensors import Q8_0Tensor
 from gemma_cy_reference.model import ReferenceEngine
 from helpers import ISA, check_each_op_against_the_reference, gemma3_gguf_fields, greedy_both, kernels
 
-# Byte offsets of each type's f16 scales in its block.
-F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
-          "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+# Byte offsets of each type's f16 scales in its block (the reader checks them for NaN/Inf).
+F16_AT = _F16_SCALE_OFFSETS
 U = 2.0 ** -24  # f32's unit roundoff
 
 

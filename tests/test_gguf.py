@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gemma_cy.quant import ggml as gq
+from gemma_cy.quant import types as gt
 from gemma_cy.api import open_weights
 from gemma_cy.commands.convert import convert
 from gemma_cy.commands.default_model import cache_dir, default_model_path
@@ -39,7 +40,7 @@ from gemma_cy.quant.tensors import F32Tensor, Q8_0Tensor, dequantize_q8_0, quant
 from gemma_cy.model.weights import expected_shapes
 from helpers import assert_rejected_under_python_O
 
-T = gq.GGML_TYPE_IDS  # ggml type name -> id
+T = gt.GGML_TYPE_IDS  # ggml type name -> id
 
 
 # ---------------------------------------------------------------- a tiny model
@@ -450,7 +451,7 @@ def test_q8_0_tensor_interface():
 
 def random_blocks(type_name: str, n: int, seed: int = 0) -> np.ndarray:
     """Random blocks of a type, with finite small f16 scales."""
-    t = gq.GGML_TYPES[T[type_name]]
+    t = gt.GGML_TYPES[T[type_name]]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(n, t.type_size), dtype=np.uint8)
     for at in G._F16_SCALE_OFFSETS.get(type_name, ()):
@@ -465,7 +466,7 @@ def random_blocks(type_name: str, n: int, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("type_name", gq.DEQUANTIZABLE)
 def test_dequantize_bit_exact_with_gguf_py(type_name):
     gguf = pytest.importorskip("gguf", reason="gguf-py's dequantizers are the independent reference")
-    t = gq.GGML_TYPES[T[type_name]]
+    t = gt.GGML_TYPES[T[type_name]]
     n_values = 4 * 256
     raw = random_blocks(type_name, n_values // t.block_size)
     ours = gq.dequantize(raw.reshape(-1), t.id, (4, 256))
@@ -475,7 +476,7 @@ def test_dequantize_bit_exact_with_gguf_py(type_name):
 
 def test_type_table_matches_gguf_py():
     gguf = pytest.importorskip("gguf", reason="gguf-py lists ggml's block sizes independently")
-    for t in gq.GGML_TYPES.values():
+    for t in gt.GGML_TYPES.values():
         q = gguf.GGMLQuantizationType(t.id)
         assert q.name == t.name and gguf.GGML_QUANT_SIZES[q] == (t.block_size, t.type_size)
 
@@ -521,7 +522,7 @@ def mixed_source(tmp_path) -> tuple[str, dict[str, tuple[str, np.ndarray]]]:
     tensors, sources = [], {}
     for i, (name, a) in enumerate(arrays.items()):
         type_name = types.get(name, "F32")
-        t = gq.GGML_TYPES[T[type_name]]
+        t = gt.GGML_TYPES[T[type_name]]
         if type_name == "F32":
             raw = a.view(np.uint8)
         elif type_name in ("F16", "BF16"):
@@ -851,7 +852,7 @@ def test_nan_inf_in_half_tensors(tmp_path, type_name, bad):
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0", "Q4_K", "Q6_K"])
 def test_nan_inf_in_block_scales(tmp_path, type_name):
-    t = gq.GGML_TYPES[T[type_name]]
+    t = gt.GGML_TYPES[T[type_name]]
     raw = random_blocks(type_name, 2)
     at = G._F16_SCALE_OFFSETS[type_name][-1]
     raw[1, at:at + 2] = np.array([np.nan], "<f2").view(np.uint8)

@@ -10,9 +10,10 @@ package dequantized to f32. Checks:
 * the NumPy reference on the same f32 weights (read_gguf_f32): last-position
   logits rms < 0.01 and 64 greedy tokens identical, on every prompt (chat,
   code, numbers, French, JSON, a ~550-token license text);
-* the fast engine on the Q8_0 conversion (the cached file the CLI runs)
-  against the reference on the same Q8_0 weights: 64 greedy tokens
-  identical on five prompts, every step's logits within docs/numerics.md#tolerances;
+* the fast engine on the package's Q4_1 file as stored (what the CLI runs)
+  against the reference on the same weights: 64 greedy tokens identical on
+  five prompts, every step's logits within docs/numerics.md#tolerances; and
+  against transformers on every golden prompt;
 * the CLI answers a chat question and stops at <|im_end|>.
 """
 import json
@@ -41,10 +42,13 @@ def source():
 
 
 @pytest.fixture(scope="module")
-def converted(source):
+def model_file(source):
+    """The file gemma-cy runs: the package's own Q4_1 GGUF, not converted."""
     from gemma_cy.commands.default_model import smollm2_model_path
 
-    return smollm2_model_path(progress=False)
+    path = smollm2_model_path(progress=False)
+    assert path == source
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +60,10 @@ def reference(source):
     return ReferenceEngine(read_gguf_f32(source), longest)
 
 
-def test_prompt_ids_match_transformers(converted):
+def test_prompt_ids_match_transformers(model_file):
     from gemma_cy import api
 
-    model = api.load(converted, max_cache_len=64)
+    model = api.load(model_file, max_cache_len=64)
     assert model.chat is not None and model.chat.name == "chatml"
     for p in PROMPTS:
         assert model.prompt_ids(p["text"], chat_format=p["chat"]) == p["prompt_ids"], p["name"]
@@ -70,15 +74,16 @@ def test_reference_matches_transformers(reference, prompt):
     reference_agrees_with_oracle(reference, prompt, GOLDEN, RMS_LIMIT)
 
 
-def test_fast_equals_reference_on_q8_0(converted):
-    """Five prompts, 64 greedy tokens each, on the converted file: the same
-    ids, and every step's logits within tolerance. A divergence reports the
-    step, both ids and the reference's top-1/top-2 margin."""
+def test_fast_equals_reference_on_the_q4_1_file(model_file):
+    """Five prompts, 64 greedy tokens each, on the file's own Q4_1 weights
+    (AffineTensor): the same ids, and every step's logits within tolerance.
+    A divergence reports the step, both ids and the reference's top-1/top-2
+    margin."""
     from gemma_cy.fast.engine import FastEngine
     from gemma_cy.formats.gguf_model import read_gguf
     from gemma_cy_reference.model import ReferenceEngine
 
-    weights = read_gguf(converted)
+    weights = read_gguf(model_file)
     chosen = [p for p in PROMPTS if p["name"] in FAST_PROMPTS]
     assert len(chosen) == len(FAST_PROMPTS)
     cache = max(len(p["prompt_ids"]) for p in chosen) + 66
@@ -87,8 +92,19 @@ def test_fast_equals_reference_on_q8_0(converted):
         greedy_engines_agree(ref, fast, p["prompt_ids"], 64, p["name"])
 
 
-def test_cli_chat_answers_and_stops_at_im_end(converted):
-    result = cli("--weights", converted, "--chat_format", "1", "--prompt", "What is the capital of France?",
+@pytest.mark.parametrize("prompt", PROMPTS, ids=[p["name"] for p in PROMPTS])
+def test_fast_engine_on_the_original_file_matches_transformers(model_file, prompt):
+    """The engine users run, on the weights the file stores: last-position
+    logits and 64 greedy tokens against transformers, on every golden prompt."""
+    from gemma_cy.fast.engine import FastEngine
+    from gemma_cy.formats.gguf_model import read_gguf
+
+    fast = FastEngine(read_gguf(model_file), len(prompt["prompt_ids"]) + len(prompt["greedy_ids"]) + 1)
+    reference_agrees_with_oracle(fast, prompt, GOLDEN, RMS_LIMIT)
+
+
+def test_cli_chat_answers_and_stops_at_im_end(model_file):
+    result = cli("--weights", model_file, "--chat_format", "1", "--prompt", "What is the capital of France?",
                  "--temp", "0", "--n_dec", "64", "--max_cache_len", "256", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)

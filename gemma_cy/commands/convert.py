@@ -30,7 +30,8 @@ from ..errors import ModelFormatError
 from ..formats.gguf_reader import UINT32, Field, TensorInfo, parse_gguf
 from ..formats.gguf_writer import TensorData, write_gguf
 from ..formats.gguf_model import check_model_tensors, gguf_config
-from ..quant.ggml import DEQUANTIZABLE, F32, GGML_TYPES, Q8_0, dequantize, is_exact_in_q8_0, to_q8_0
+from ..quant.ggml import DEQUANTIZABLE, F32, Q8_0, dequantize, is_exact_in_q8_0, to_q8_0
+from ..quant.types import GGML_TYPES
 
 FILE_TYPE_MOSTLY_Q8_0 = 7  # llama.cpp's llama_ftype for "all matrices Q8_0"
 

@@ -30,6 +30,25 @@ def cache_dir() -> Path:
     return Path(base) / "gemma-cy"
 
 
+def q8_0_conversion(source: str) -> str:
+    """``source`` (a GGUF) converted to Q8_0 by ``gemma-cy convert``, made once
+    into ``cache_dir()`` under the source's name, size and modification
+    time: the re-quantized baseline the benchmarks and scripts/quant_cost.py
+    compare the file as stored against. Raises GemmaCyError with one line
+    when the cache cannot be written."""
+    from .convert import convert
+
+    info = os.stat(source)
+    target = cache_dir() / f"{Path(source).stem}.{info.st_size}.{int(info.st_mtime)}.q8_0.gguf"
+    if not target.is_file():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            convert(source, target)
+        except OSError as e:
+            raise GemmaCyError(f"cannot convert {source} into {target.parent}: {e.strerror or e}") from None
+    return str(target)
+
+
 def default_model_path(progress: bool = True) -> str:
     """Path of the default model's GGUF file, exactly as its package ships it.
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFormatError
-from ..quant.ggml import GGML_TYPE_IDS, GGML_TYPES
+from ..quant.types import GGML_TYPE_IDS, GGML_TYPES
 from .mapped import map_file
 
 MAGIC = b"GGUF"

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import ModelFormatError
-from ..quant.ggml import GGML_TYPES
+from ..quant.types import GGML_TYPES
 from .gguf_reader import (ARRAY, BOOL, DEFAULT_ALIGNMENT, DTYPES, FLOAT32, INT32, INT64, MAGIC, MAX_DIMS, STRING, STRUCTS, U32, U64, UINT32, UINT64, Field, align)
 from .mapped import atomic_write
 

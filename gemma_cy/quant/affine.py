@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from .ggml import GGML_TYPE_IDS, GGML_TYPES
+from .types import GGML_TYPE_IDS, GGML_TYPES
 
 
 @dataclass(frozen=True)
