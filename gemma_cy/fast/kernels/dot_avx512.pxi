@@ -127,8 +127,10 @@ cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcep
 
 # k_dot_affine (see kernels/common.pxi): per 16 values, the exact weights
 # f32(f32(a * q) - b) (one widening, one product, one subtraction) and one
-# FMA with x; the first 16 values of every 32 into acc0, the last 16 into
-# acc1; the 16 lanes of acc0 + acc1 summed as k_dot_q8_0's.
+# FMA with x. Four accumulators, so that four FMA chains run at once: the
+# 16-value groups of every 64 values go to acc0..acc3 in turn (a last 32
+# values to acc0 and acc1); the 16 lanes of (acc0 + acc1) + (acc2 + acc3)
+# summed as k_dot_q8_0's.
 
 cdef inline __m512 _affine16(const int8_t* q, __m512 a, __m512 b, bint has_offset) noexcept nogil:
     """The exact weights f32(f32(a * q[0:16]) - b)."""
@@ -136,29 +138,39 @@ cdef inline __m512 _affine16(const int8_t* q, __m512 a, __m512 b, bint has_offse
     return _mm512_sub_ps(w, b) if has_offset else w
 
 
+cdef inline const uint8_t* _affine32(__m512* lo, __m512* hi, const uint8_t* rec, const float* x, Py_ssize_t sub,
+                                     bint has_offset, Py_ssize_t rb) noexcept nogil:
+    """lo += the first 16 weights of the next 32 values times x[0:16], hi the
+    last 16 times x[16:32] (one record of 32, or two of 16); returns the
+    record after them."""
+    cdef __m512 va = _mm512_set1_ps(_load_f32(rec + sub))
+    cdef __m512 vb = _mm512_set1_ps(_load_f32(rec + sub + 4)) if has_offset else _mm512_setzero_ps()
+    lo[0] = _mm512_fmadd_ps(_affine16(<const int8_t*> rec, va, vb, has_offset), _mm512_loadu_ps(x), lo[0])
+    if sub == 16:  # the next 16 values are the next record's
+        rec += rb
+        va = _mm512_set1_ps(_load_f32(rec + 16))
+        if has_offset:
+            vb = _mm512_set1_ps(_load_f32(rec + 20))
+        hi[0] = _mm512_fmadd_ps(_affine16(<const int8_t*> rec, va, vb, has_offset), _mm512_loadu_ps(x + 16), hi[0])
+    else:
+        hi[0] = _mm512_fmadd_ps(_affine16(<const int8_t*> rec + 16, va, vb, has_offset), _mm512_loadu_ps(x + 16),
+                                hi[0])
+    return rec + rb
+
+
 cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
                         bint has_offset) noexcept nogil:
-    cdef __m512 acc0 = _mm512_setzero_ps()
-    cdef __m512 acc1 = _mm512_setzero_ps()
-    cdef __m512 va, vb = _mm512_setzero_ps()
-    cdef Py_ssize_t k, rb = sub + 4 + (4 if has_offset else 0)
+    cdef __m512 acc[4]
+    cdef Py_ssize_t k = 0, nb = cols // 32, rb = sub + 4 + (4 if has_offset else 0)
     cdef float lanes[16]
-    for k in range(cols // 32):
-        va = _mm512_set1_ps(_load_f32(rec + sub))
-        if has_offset:
-            vb = _mm512_set1_ps(_load_f32(rec + sub + 4))
-        acc0 = _mm512_fmadd_ps(_affine16(<const int8_t*> rec, va, vb, has_offset), _mm512_loadu_ps(x), acc0)
-        if sub == 16:  # the next 16 values are the next record's
-            rec += rb
-            va = _mm512_set1_ps(_load_f32(rec + 16))
-            if has_offset:
-                vb = _mm512_set1_ps(_load_f32(rec + 20))
-            acc1 = _mm512_fmadd_ps(_affine16(<const int8_t*> rec, va, vb, has_offset), _mm512_loadu_ps(x + 16),
-                                   acc1)
-        else:
-            acc1 = _mm512_fmadd_ps(_affine16(<const int8_t*> rec + 16, va, vb, has_offset), _mm512_loadu_ps(x + 16),
-                                   acc1)
-        rec += rb
-        x += 32
-    _mm512_storeu_ps(lanes, _mm512_add_ps(acc0, acc1))
+    acc[0] = _mm512_setzero_ps()
+    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
+    while k + 2 <= nb:
+        rec = _affine32(&acc[0], &acc[1], rec, x, sub, has_offset, rb)
+        rec = _affine32(&acc[2], &acc[3], rec, x + 32, sub, has_offset, rb)
+        x += 64
+        k += 2
+    if k < nb:
+        _affine32(&acc[0], &acc[1], rec, x, sub, has_offset, rb)
+    _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
     return _sum8(lanes) + _sum8(lanes + 8)
