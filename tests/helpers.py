@@ -182,6 +182,20 @@ def check_every_op_free_running(weights: Weights, ids, isa: str) -> None:
         assert_within(got[key], value, str(key), EXACT if key[1] == "embed" else DEFAULT)
 
 
+def assert_rewinds_and_resets(engine) -> None:
+    """The CheckedEngine contract on a fresh engine: forward(token, pos) rewrites
+    position pos and forgets what came after it; reset() starts over, and
+    the same ids give the same logits bit for bit."""
+    first = engine.prefill([1, 2, 3])
+    engine.prefill([4, 5])
+    assert engine.pos == 5
+    np.testing.assert_array_equal(engine.forward(3, 2), first)  # rewrites position 2
+    assert engine.pos == 3
+    engine.reset()
+    assert engine.pos == 0
+    np.testing.assert_array_equal(engine.prefill([1, 2, 3]), first)
+
+
 def assert_same_greedy_id(want, got, label: str, step: int, names: tuple[str, str] = ("reference", "fast")) -> int:
     """The greedy picks of logits ``want`` (engine ``names[0]``) and ``got``
     (``names[1]``) are equal; returns the id. A divergence reports, in

@@ -42,8 +42,9 @@ from gemma_cy.generation.generator import Generation
 from gemma_cy.model.observe import LAYER_OPS, OBSERVED_OPS, observed_calls, op_shape
 from gemma_cy.generation.sampling import Sampler
 from gemma_cy_reference.model import ReferenceEngine
-from helpers import (AVAILABLE, ISA, assert_within, cached_weights, check_each_op_against_the_reference,
-                     check_every_op_free_running, greedy_both, record, with_tensor)
+from helpers import (AVAILABLE, ISA, assert_rewinds_and_resets, assert_within, cached_weights,
+                     check_each_op_against_the_reference, check_every_op_free_running, greedy_both, record,
+                     with_tensor)
 
 # Gemma 3's switches on small, SIMD-unfriendly sizes: dim 40 and head_dim 12
 # leave tails in every vector loop, q_dim 48 != dim, three layers with a
@@ -221,15 +222,7 @@ def test_prefill_equals_decoding_one_by_one(isa, tiny):
 
 
 def test_forward_rewinds_and_reset_starts_over():
-    engine = FastEngine(cached_weights(GEMMA3, 2), 16)
-    first = engine.prefill([1, 2, 3])
-    engine.prefill([4, 5])
-    assert engine.pos == 5
-    np.testing.assert_array_equal(engine.forward(3, 2), first)  # rewrites position 2
-    assert engine.pos == 3
-    engine.reset()
-    assert engine.pos == 0
-    np.testing.assert_array_equal(engine.prefill([1, 2, 3]), first)
+    assert_rewinds_and_resets(FastEngine(cached_weights(GEMMA3, 2), 16))
 
 
 def test_logits_are_the_callers_copy():

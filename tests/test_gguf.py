@@ -981,3 +981,16 @@ def test_rejects_under_python_O(tmp_path, tiny_bytes):
              + tiny_bytes[16:], "nan": f32_tensor_file([math.nan])}
     good = put(tmp_path, tiny_bytes, "good.gguf")
     assert_rejected_under_python_O("gemma_cy.formats.gguf_model:read_gguf", tmp_path, cases, str(good))
+
+
+def test_dump_names_each_matrix_layout_and_the_simd_module(real_model):
+    from helpers import cli
+
+    result = cli("--weights", real_model, "--dump")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("engine: fast, SIMD module: ") for line in lines)
+    o_proj = next(line for line in lines if line.split()[:1] == ["layers.0.o_proj"])
+    down = next(line for line in lines if line.split()[:1] == ["layers.0.down_proj"])
+    assert o_proj.endswith("Q4_K as affine int8 levels, sub-blocks of 32")
+    assert down.endswith("Q6_K as affine int8 levels, sub-blocks of 16")

@@ -25,7 +25,7 @@ from gemma_cy.model.weights import Weights
 from gemma_cy_reference.generate import generate
 from gemma_cy_reference.layers import F32Weights, KVCache, attention, gelu_tanh, rmsnorm, rope, silu
 from gemma_cy_reference.model import OBSERVED_OPS, ReferenceEngine, observed_calls
-from helpers import cached_weights, make_weights, with_tensor
+from helpers import assert_rewinds_and_resets, cached_weights, make_weights, with_tensor
 
 ATOL, RTOL = DEFAULT  # docs/numerics.md#tolerances default
 ACT_ATOL, ACT_RTOL = PROBABILITIES  # docs/numerics.md#tolerances: softmax, SiLU/GELU
@@ -473,15 +473,7 @@ def test_logits_at_t_do_not_depend_on_later_tokens(prefix, tail_a, tail_b):
 
 
 def test_forward_rewinds_and_reset_starts_over():
-    engine = engine_for(SEED)
-    first = engine.prefill([1, 2, 3])
-    engine.prefill([4, 5])
-    assert engine.pos == 5
-    np.testing.assert_array_equal(engine.forward(3, 2), first)  # rewrites position 2
-    assert engine.pos == 3
-    engine.reset()
-    assert engine.pos == 0
-    np.testing.assert_array_equal(engine.prefill([1, 2, 3]), first)
+    assert_rewinds_and_resets(engine_for(SEED))
 
 
 @pytest.mark.parametrize("n_layers", [1, 2])

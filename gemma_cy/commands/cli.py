@@ -13,6 +13,7 @@ from typing import Sequence
 
 from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES
 from ..errors import GemmaCyError, ParameterError
+from ..quant.affine import AffineTensor
 from ..quant.tensors import Int8Tensor
 
 EXIT_ERROR = 1
@@ -89,17 +90,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# The SIMD modules whose own kernels run affine matrices; the others run the
+# portable loop of kernels/common.pxi.
+AFFINE_KERNELS = ("avx2", "avx512")
+
+
+def tensor_kind(t) -> str:
+    """How the engines hold a tensor, for --dump: its layout and, for an
+    affine matrix, the file's block type."""
+    if isinstance(t, Int8Tensor):
+        return f"int8  scale={float(t.scale):.6g}"
+    if isinstance(t, AffineTensor):
+        return f"{t.source} as affine int8 levels, sub-blocks of {t.sub}"
+    return type(t).__name__
+
+
 def dump_model(model, out) -> None:
-    """Config and tensor table (name, shape, dtype, scale)."""
+    """Config, the engine and SIMD module, and the tensor table (name, shape,
+    how each tensor is held)."""
+    from ..fast import ops
+
     cfg = model.config
     out.write(f"source: {model.weights.source}\n")
+    kernels = "own" if ops.ISA in AFFINE_KERNELS else "portable (generic) loop"
+    out.write(f"engine: {model.engine_name}, SIMD module: {ops.ISA} (affine kernels: {kernels})\n")
     for name, value in vars(cfg).items():
         out.write(f"  {name:24s} {value}\n")
     out.write(f"tensors: {len(model.weights.tensors)}\n")
     for name, t in model.weights.tensors.items():
         shape = "x".join(str(d) for d in t.shape)
-        kind = f"int8  scale={float(t.scale):.6g}" if isinstance(t, Int8Tensor) else type(t).__name__
-        out.write(f"  {name:28s} {shape:>12s}  {kind}\n")
+        out.write(f"  {name:28s} {shape:>12s}  {tensor_kind(t)}\n")
 
 
 def write_stats(gen, out) -> None:
