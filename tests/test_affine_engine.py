@@ -188,3 +188,77 @@ def test_a_type_without_integer_blocks_is_one_error_naming_the_tensor(tmp_path):
         read_gguf(path)
     assert "\n" not in str(err.value)
     assert set(DECOMPOSERS) == {GGML_TYPE_IDS[n] for n in AFFINE_TYPES}
+
+
+# ---------------------------------------------------------------------------
+# Float matrices (F32 as mapped, F16 and BF16 widened to f32 at load, exactly)
+
+@ISA
+@pytest.mark.parametrize("rows", [1, 7])
+def test_f32_matrix_gemv_and_gemm_against_float64(isa, rows):
+    from gemma_cy.quant.tensors import F32Tensor
+
+    m = kernels(isa)
+    rng = np.random.default_rng(rows)
+    w = rng.uniform(-1, 1, (rows, 200)).astype(np.float32)  # a width that is not a multiple of 32
+    x = rng.uniform(-1, 1, (9, 200)).astype(np.float32)
+    block = m.gemm(F32Tensor(w), x)
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.all(np.abs(block - want) <= bound(w, x) + 4 * U * np.abs(want))
+    for i in range(x.shape[0]):
+        np.testing.assert_array_equal(m.gemm(F32Tensor(w), x[i:i + 1])[0], block[i])
+
+
+@pytest.fixture(scope="module")
+def float_gguf(tmp_path_factory):
+    """A GGUF file whose matrices cycle through F32, F16 and BF16."""
+    rng = np.random.default_rng(5)
+    tensors, kinds = [], {}
+    matrices = [n for n, s in expected_shapes(CONFIG).items() if len(s) == 2]
+    for name, shape in expected_shapes(CONFIG).items():
+        dims = tuple(reversed(shape))
+        if len(shape) == 1:
+            gain = (1 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
+            tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["F32"], dims, gain))
+            continue
+        kind = ("F32", "F16", "BF16")[matrices.index(name) % 3]
+        w = (rng.standard_normal(shape) * (1.0 if name == "embed_tokens" else 1 / math.sqrt(shape[1]))).astype(np.float32)
+        data = {"F32": w, "F16": w.astype("<f2"), "BF16": (w.view("<u4") >> 16).astype("<u2")}[kind]
+        tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS[kind], dims, data))
+        kinds[name] = kind
+    path = tmp_path_factory.mktemp("float") / "float.gguf"
+    write_gguf(path, gemma3_gguf_fields(CONFIG), tensors)
+    return path, kinds
+
+
+def test_float_matrices_are_read_as_the_file_stores_them(float_gguf):
+    import gguf
+
+    from gemma_cy.quant.tensors import F32Tensor
+
+    path, kinds = float_gguf
+    weights = read_gguf(path)
+    theirs = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    for name, kind in kinds.items():
+        t = weights[name]
+        assert isinstance(t, F32Tensor) and t.data.dtype == np.float32, (name, kind)
+        raw = theirs[gguf_tensor_name(name)]
+        want = np.asarray(gguf.quants.dequantize(raw.data, raw.tensor_type), np.float32).reshape(t.shape)
+        np.testing.assert_array_equal(t.data.view(np.uint32), want.view(np.uint32), err_msg=f"{name} ({kind})")
+    f32_name = next(n for n, k in kinds.items() if k == "F32")
+    assert not weights[f32_name].data.flags.writeable  # F32: a read-only view of the map
+
+
+@ISA
+def test_float_model_each_op_matches_the_reference(isa, float_gguf):
+    check_each_op_against_the_reference(read_gguf(float_gguf[0]), IDS, isa)
+
+
+@ISA
+def test_float_model_greedy_tokens_identical(isa, float_gguf):
+    greedy_both(read_gguf(float_gguf[0]), IDS, 40, isa)
+
+
+def test_q8_mode_on_a_float_model_is_one_parameter_error(float_gguf):
+    with pytest.raises(ParameterError, match=r"activations = 'q8' runs int8 and Q8_0 matrices; \S+ is an f32 matrix"):
+        make_engine("fast", read_gguf(float_gguf[0]), 32, "q8")

@@ -389,10 +389,11 @@ def test_unexpected_missing_and_unrunnable_tensors(tmp_path):
     reject(write_tiny(tmp_path / "z.gguf", arrays=arrays), "missing tensor 'blk.0.attn_k_norm.weight'")
     tensors = tensor_data(tiny_arrays())
     assert tensors[2].name == "blk.0.attn_q.weight"
-    tensors[2] = TensorData(tensors[2].name, T["F32"], tensors[2].dims,
-                            np.zeros(tensors[2].dims[::-1], np.float32))
-    write_gguf(tmp_path / "f.gguf", tiny_fields(), tensors)
-    reject(str(tmp_path / "f.gguf"), "tensor 'blk.0.attn_q.weight' is F32 with 2 dims", "matrices of the integer block types")
+    tensors[2] = TensorData(tensors[2].name, T["I8"], tensors[2].dims,
+                            np.zeros(tensors[2].dims[::-1], np.int8))
+    write_gguf(tmp_path / "i8.gguf", tiny_fields(), tensors)
+    reject(str(tmp_path / "i8.gguf"), "tensor 'blk.0.attn_q.weight' is I8 with 2 dims",
+           "F32, F16, BF16 matrices and those of the integer block types")
 
 
 # ================================================================ Q8_0 codec

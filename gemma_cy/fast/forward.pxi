@@ -43,7 +43,7 @@ from gemma_cy.model.checks import ACTIVATION_MODES, check_activation_mode
 from gemma_cy.model.observe import op_shape
 from gemma_cy.fast.arena import pack_matrices
 from gemma_cy.model.weights import LAYER_MATRICES
-from gemma_cy.quant.tensors import Int8Tensor, Q8_0Tensor
+from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
 from gemma_cy.quant.affine import AffineTensor
 
 
@@ -114,18 +114,22 @@ cdef Py_ssize_t _matrix_bytes(object tensor):
         return tensor.blocks.nbytes
     if isinstance(tensor, AffineTensor):
         return tensor.records.nbytes
+    if isinstance(tensor, F32Tensor):
+        return tensor.data.nbytes
     return tensor.q.nbytes
 
 
 cdef QMatrix _qmatrix(object tensor, list keep, bint resident) except *:
-    """The kernels' view of a weight matrix (Int8Tensor, Q8_0Tensor or AffineTensor): a
+    """The kernels' view of a weight matrix (Int8Tensor, Q8_0Tensor, AffineTensor, 2-D F32Tensor): a
     pointer into its (read-only, usually mapped) values, no copy; ``keep``
     keeps the array alive. ``resident``: the model stays in cache."""
     cdef const int8_t[:, ::1] view
     cdef const uint8_t[:, :, ::1] blocks
+    cdef const float[:, ::1] w32
     cdef QMatrix m
     m.q = NULL
     m.blocks = NULL
+    m.w32 = NULL
     m.sub = 0
     m.has_offset = False
     m.scale = 1
@@ -145,6 +149,13 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident) except *:
         m.rows = blocks.shape[0]
         m.cols = blocks.shape[1] * Q8_0_BLOCK
         m.layout = QLAYOUT_Q8_0
+    elif isinstance(tensor, F32Tensor) and tensor.data.ndim == 2:
+        w32 = _array(tensor.data, "f32 matrix", np.float32, (2,))
+        keep.append(tensor.data)
+        m.w32 = &w32[0, 0]
+        m.rows = w32.shape[0]
+        m.cols = w32.shape[1]
+        m.layout = QLAYOUT_F32
     elif isinstance(tensor, AffineTensor):
         blocks = _array(tensor.records, "affine records", np.uint8, (3,))
         keep.append(tensor.records)
@@ -673,7 +684,7 @@ cdef class FastModel:
 
 def gemm(tensor, x, str activations="f32", bint resident=False):
     """out (T, rows) = x (T, cols) . w^T for a weight matrix ``tensor``
-    (Int8Tensor, Q8_0Tensor or AffineTensor) the way the forward pass computes a block of
+    (Int8Tensor, Q8_0Tensor, AffineTensor or a 2-D F32Tensor) the way the forward pass computes a block of
     T positions (k_gemm, or k_quantize_q8 + k_gemm_q8 when activations is
     "q8"); ``resident`` picks the in-cache variant. For tests and tools."""
     keep = []
@@ -683,8 +694,8 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
         raise ValueError(f"gemm: x has {x.shape[1]} columns, the matrix {m.cols}")
     if activations not in ACTIVATION_MODES:
         raise ValueError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
-    if activations == "q8" and m.layout == QLAYOUT_AFFINE:
-        raise ValueError("gemm: q8 activations run int8 and Q8_0 matrices, not affine ones")
+    if activations == "q8" and m.layout in (QLAYOUT_AFFINE, QLAYOUT_F32):
+        raise ValueError("gemm: q8 activations run int8 and Q8_0 matrices, not affine or f32 ones")
     if activations == "q8" and m.cols % Q8_0_BLOCK:
         raise ValueError(f"gemm: q8 activations need cols % {Q8_0_BLOCK} == 0, got {m.cols}")
     out = np.empty((x.shape[0], m.rows), np.float32)

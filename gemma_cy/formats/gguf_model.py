@@ -16,7 +16,7 @@ from ..errors import ModelFormatError
 from ..model.config import ModelConfig
 from ..model.weights import Weights, expected_shapes
 from ..quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor
-from ..quant.ggml import is_exact_in_q8_0, to_q8_0
+from ..quant.ggml import BF16, F16, dequantize, is_exact_in_q8_0, to_q8_0
 from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, close_quietly, parse_gguf, type_name)
 
@@ -315,7 +315,8 @@ def _read_model(path, tensor: Callable[[GGUFFile, str], object], keep_map: bool)
 def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | AffineTensor:
     """Tensor ``g`` as the engines run it, every weight the file's value
     (docs/numerics.md#weights-as-stored): an F32 vector or a Q8_0 matrix as a
-    zero-copy, read-only view of the map; a Q4_0 or Q5_0 matrix as Q8_0
+    zero-copy, read-only view of the map (an F32 matrix too; an F16 or BF16
+    one widened to f32 at load, exactly); a Q4_0 or Q5_0 matrix as Q8_0
     blocks (the same f16 scale and integer levels, laid out once at load);
     a matrix of another integer block type as an AffineTensor (levels, scale
     and offset per sub-block, laid out once at load). Any other type or rank
@@ -325,7 +326,12 @@ def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | AffineTenso
         return F32Tensor(np.frombuffer(gf.mm, dtype=np.float32, count=t.dims[0], offset=t.offset))
     if len(t.dims) == 2 and t.ggml_type == Q8_0_ID:
         return Q8_0Tensor(gf.raw(g).reshape(t.dims[1], t.dims[0] // Q8_0_BLOCK, Q8_0_BYTES))
+    if len(t.dims) == 2 and t.ggml_type == F32_ID:
+        return F32Tensor(np.frombuffer(gf.mm, dtype=np.float32, count=t.dims[0] * t.dims[1],
+                                       offset=t.offset).reshape(t.shape))
     try:
+        if len(t.dims) == 2 and t.ggml_type in (F16, BF16):  # widened to f32: every value exact
+            return F32Tensor(np.ascontiguousarray(dequantize(gf.raw(g), t.ggml_type, t.shape), np.float32))
         if len(t.dims) == 2 and is_exact_in_q8_0(t.ggml_type):
             return Q8_0Tensor(to_q8_0(gf.raw(g), t.ggml_type, t.shape))
         if len(t.dims) == 2 and t.ggml_type in DECOMPOSERS:
@@ -334,14 +340,12 @@ def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | AffineTenso
         raise ModelFormatError(f"{gf.path}: tensor {g!r} ({t.type_name}): {e}") from None
     raise ModelFormatError(
         f"{gf.path}: tensor {g!r} is {t.type_name} with {len(t.dims)} dims; the engines run F32 vectors and "
-        f"matrices of the integer block types ({', '.join(AFFINE_TYPES)})")
+        f"F32, F16, BF16 matrices and those of the integer block types ({', '.join(AFFINE_TYPES)})")
 
 
 def _dequantized_tensor(gf: GGUFFile, g: str) -> F32Tensor:
     """Tensor ``g`` of any dequantizable type as f32 values the tensor owns
     (the map closes after reading); NaN or Inf refused."""
-    from ..quant.ggml import dequantize
-
     t = gf.tensors[g]
     try:
         values = dequantize(gf.raw(g), t.ggml_type, t.shape)
@@ -360,8 +364,8 @@ def read_gguf(path) -> Weights:
     type laid out once, exactly (``_mapped_tensor``). Tied embeddings stay
     one tensor. Raises ModelFormatError for anything ``parse_gguf`` or
     ``gguf_config`` rejects, an unexpected, missing or misshapen tensor, or a
-    matrix type the engines do not run (F16, BF16, F32 matrices, the IQ
-    family), naming the tensor and its type."""
+    matrix type the engines do not run (the IQ family, I8..I64, F64), naming
+    the tensor and its type."""
     return _read_model(path, _mapped_tensor, keep_map=True)
 
 

@@ -16,6 +16,7 @@ cdef enum QLayout:
     QLAYOUT_I8_TENSOR = 0  # int8, one f32 scale for the whole tensor (GMW1, docs/formats.md#int8-per-tensor-quantization)
     QLAYOUT_Q8_0 = 1  # llama.cpp's Q8_0: int8 with one f16 scale per block of 32 (GGUF)
     QLAYOUT_AFFINE = 2  # int8 levels, an f32 scale and offset per sub-block: any other GGUF integer type, exactly
+    QLAYOUT_F32 = 3  # f32 values (GGUF F32, and F16 / BF16 widened exactly at load)
 
 # Q8_0: each run of 32 values of a row is one block of 34 bytes, the f16 scale
 # d (little-endian) then the 32 int8 q; a row is cols / 32 blocks back to back,
@@ -30,6 +31,7 @@ cdef enum:
 # into the (memory-mapped, read-only) file, its scale and its layout.
 cdef struct QMatrix:
     const int8_t* q  # QLAYOUT_I8_TENSOR: (rows, cols) row-major, rows back to back, any start address
+    const float* w32  # QLAYOUT_F32: (rows, cols) row-major, rows back to back
     const uint8_t* blocks  # QLAYOUT_Q8_0: (rows, cols / 32, 34) bytes, any start address;
                            # QLAYOUT_AFFINE: (rows, cols / sub, sub + 4 [+ 4]) records, 4-byte aligned
     float scale  # QLAYOUT_I8_TENSOR: the one scale of the tensor

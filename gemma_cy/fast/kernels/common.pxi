@@ -175,6 +175,16 @@ cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize
         out[r] = k_dot_affine(rec + r * row_bytes, x, cols, sub, has_offset)
 
 
+cdef void _gemv_f32_rows(float* out, const float* w, const float* x, Py_ssize_t rows,
+                         Py_ssize_t cols) noexcept nogil:
+    """An f32 matrix times x, one row at a time (k_dot_f32 each: the module's
+    attention-score order), prefetching ahead."""
+    cdef Py_ssize_t r
+    for r in range(rows):
+        _prefetch_row(w + r * cols, cols * 4)
+        out[r] = k_dot_f32(w + r * cols, x, cols)
+
+
 cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
     if w.layout == QLAYOUT_I8_TENSOR:
         if w.resident:
@@ -185,6 +195,8 @@ cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
         k_gemv_q8_0(out, w.blocks, x, w.rows, w.cols // Q8_0_BLOCK)
     elif w.layout == QLAYOUT_AFFINE:
         k_gemv_affine(out, w.blocks, x, w.rows, w.cols, w.sub, w.has_offset)
+    elif w.layout == QLAYOUT_F32:
+        _gemv_f32_rows(out, w.w32, x, w.rows, w.cols)
 
 
 cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
@@ -210,6 +222,10 @@ cdef void _gemm_by_rows(float* out, const QMatrix* w, const float* x, Py_ssize_t
                 _prefetch_row(w.q + r * cols, cols)
                 for t in range(t0, t0 + tn):
                     out[t * rows + r] = k_dot_i8(w.q + r * cols, x + t * cols, cols, w.scale)
+            elif w.layout == QLAYOUT_F32:
+                _prefetch_row(w.w32 + r * cols, cols * 4)
+                for t in range(t0, t0 + tn):
+                    out[t * rows + r] = k_dot_f32(w.w32 + r * cols, x + t * cols, cols)
             elif w.layout == QLAYOUT_AFFINE:
                 _prefetch_row(w.blocks + r * affine_bytes, affine_bytes)
                 for t in range(t0, t0 + tn):
@@ -255,6 +271,8 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
         k_dequantize_q8_0(out, w.blocks + row * nb * Q8_0_BYTES, nb)
     elif w.layout == QLAYOUT_AFFINE:
         k_dequantize_affine(out, w.blocks + row * _affine_row_bytes(w), w.cols, w.sub, w.has_offset)
+    elif w.layout == QLAYOUT_F32:
+        memcpy(out, w.w32 + row * w.cols, w.cols * sizeof(float))
 
 
 cdef inline uint16_t _load_u16(const uint8_t* p) noexcept nogil:

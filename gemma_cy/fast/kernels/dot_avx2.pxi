@@ -424,7 +424,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     L2); a matrix of 1 or 2 rows by the GEMV's dot product, bit for bit the
     same order. An affine matrix (its k_dot_affine has the Q8_0 order) takes
     the same path, its rows dequantized exactly by _affine_grouped. Other
-    int8 matrices: _gemm_by_rows."""
+    int8 matrices and f32 ones: _gemm_by_rows."""
     cdef bint q8_0 = w.layout == QLAYOUT_Q8_0
     cdef bint affine = w.layout == QLAYOUT_AFFINE
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
@@ -434,7 +434,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) dequantized rows, group-major
     cdef float* xt = scratch + GEMM_ROW_TILE * cols  # (n_tokens, cols) x, group-major
     cdef Py_ssize_t t, t0, tn, r, i, n
-    if not q8_0 and not affine and cols % Q8_0_BLOCK != 0:
+    if w.layout == QLAYOUT_F32 or (not q8_0 and not affine and cols % Q8_0_BLOCK != 0):
         _gemm_by_rows(out, w, x, n_tokens)
         return
     for t in range(n_tokens):
