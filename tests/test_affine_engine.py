@@ -108,10 +108,11 @@ CONFIG = ModelConfig(
 IDS = [2, 17, 90, 0, 42, 42, 9, 31, 5, 20, 64, 1]
 
 
-@pytest.fixture(scope="module")
-def every_type_gguf(tmp_path_factory):
-    """A GGUF file whose matrices cycle through every integer block type."""
-    rng = np.random.default_rng(11)
+def write_model_gguf(path, kinds: tuple[str, ...], matrix, seed: int) -> dict[str, str]:
+    """A GGUF file of CONFIG: F32 gains near 1, and matrix i (in file order)
+    of type kinds[i % len(kinds)], its data ``matrix(kind, name, shape, rng)``.
+    Returns {Weights name: type}."""
+    rng = np.random.default_rng(seed)
     tensors, types = [], {}
     matrices = [n for n, s in expected_shapes(CONFIG).items() if len(s) == 2]
     for name, shape in expected_shapes(CONFIG).items():
@@ -120,14 +121,25 @@ def every_type_gguf(tmp_path_factory):
             gain = (1 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
             tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["F32"], dims, gain))
             continue
-        kind = AFFINE_TYPES[matrices.index(name) % len(AFFINE_TYPES)]
-        target = 1.0 if name == "embed_tokens" else 2.0 / math.sqrt(shape[1])
-        raw = random_raw(kind, shape[0], shape[1], rng, target)
-        tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS[kind], dims, raw.reshape(-1)))
+        kind = kinds[matrices.index(name) % len(kinds)]
+        tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS[kind], dims, matrix(kind, name, shape, rng)))
         types[name] = kind
-    assert set(types.values()) == set(AFFINE_TYPES)
-    path = tmp_path_factory.mktemp("affine") / "every_type.gguf"
+    assert set(types.values()) == set(kinds)
     write_gguf(path, gemma3_gguf_fields(CONFIG), tensors)
+    return types
+
+
+def weight_scale(name: str, shape) -> float:
+    """Weights of about this size keep the activations O(1)."""
+    return 1.0 if name == "embed_tokens" else 1.0 / math.sqrt(shape[1])
+
+
+@pytest.fixture(scope="module")
+def every_type_gguf(tmp_path_factory):
+    """A GGUF file whose matrices cycle through every integer block type."""
+    path = tmp_path_factory.mktemp("affine") / "every_type.gguf"
+    types = write_model_gguf(path, AFFINE_TYPES, lambda kind, name, shape, rng: random_raw(
+        kind, shape[0], shape[1], rng, 2.0 * weight_scale(name, shape)).reshape(-1), seed=11)
     return path, types
 
 
@@ -209,26 +221,16 @@ def test_f32_matrix_gemv_and_gemm_against_float64(isa, rows):
         np.testing.assert_array_equal(m.gemm(F32Tensor(w), x[i:i + 1])[0], block[i])
 
 
+def float_matrix(kind: str, name: str, shape, rng) -> np.ndarray:
+    w = (rng.standard_normal(shape) * weight_scale(name, shape)).astype(np.float32)
+    return {"F32": w, "F16": w.astype("<f2"), "BF16": (w.view("<u4") >> 16).astype("<u2")}[kind]
+
+
 @pytest.fixture(scope="module")
 def float_gguf(tmp_path_factory):
     """A GGUF file whose matrices cycle through F32, F16 and BF16."""
-    rng = np.random.default_rng(5)
-    tensors, kinds = [], {}
-    matrices = [n for n, s in expected_shapes(CONFIG).items() if len(s) == 2]
-    for name, shape in expected_shapes(CONFIG).items():
-        dims = tuple(reversed(shape))
-        if len(shape) == 1:
-            gain = (1 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
-            tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS["F32"], dims, gain))
-            continue
-        kind = ("F32", "F16", "BF16")[matrices.index(name) % 3]
-        w = (rng.standard_normal(shape) * (1.0 if name == "embed_tokens" else 1 / math.sqrt(shape[1]))).astype(np.float32)
-        data = {"F32": w, "F16": w.astype("<f2"), "BF16": (w.view("<u4") >> 16).astype("<u2")}[kind]
-        tensors.append(TensorData(gguf_tensor_name(name), GGML_TYPE_IDS[kind], dims, data))
-        kinds[name] = kind
     path = tmp_path_factory.mktemp("float") / "float.gguf"
-    write_gguf(path, gemma3_gguf_fields(CONFIG), tensors)
-    return path, kinds
+    return path, write_model_gguf(path, ("F32", "F16", "BF16"), float_matrix, seed=5)
 
 
 def test_float_matrices_are_read_as_the_file_stores_them(float_gguf):
