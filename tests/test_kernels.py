@@ -798,3 +798,16 @@ def test_env_var_naming_an_unusable_module_is_a_one_line_error(name):
     assert done.stdout.count("\n") == 1 and f"GEMMA_CY_SIMD={name}" in done.stdout
     with pytest.raises(ValueError):
         ops.module_for(name)
+
+
+def test_only_modules_tested_on_their_hardware_are_chosen_automatically():
+    """docs/architecture.md#isa-dispatch: the best runnable module whose tests
+    have run on such a CPU; an experimental one (NEON until then) only when
+    GEMMA_CY_SIMD names it."""
+    assert ops.experimental("neon") and not any(ops.experimental(n) for n in ("avx512", "avx2", "generic"))
+    assert ops.choose("", ["avx512", "avx2", "generic"]) == "avx512"
+    assert ops.choose("", ["neon", "generic"]) == "generic"
+    assert ops.choose("neon", ["neon", "generic"]) == "neon"
+    with pytest.raises(ImportError, match="no tested kernel module"):
+        ops.choose("", ["neon"])
+    assert ops.ISA == (os.environ.get("GEMMA_CY_SIMD") or ops.choose("", ops.available()))

@@ -113,7 +113,8 @@ def dump_model(model, out) -> None:
     cfg = model.config
     out.write(f"source: {model.weights.source}\n")
     kernels = "own" if ops.ISA in AFFINE_KERNELS else "portable (generic) loop"
-    out.write(f"engine: {model.engine_name}, SIMD module: {ops.ISA} (affine kernels: {kernels})\n")
+    untested = ", EXPERIMENTAL: its tests have not run on such a CPU" if ops.experimental(ops.ISA) else ""
+    out.write(f"engine: {model.engine_name}, SIMD module: {ops.ISA} (affine kernels: {kernels}{untested})\n")
     for name, value in vars(cfg).items():
         out.write(f"  {name:24s} {value}\n")
     out.write(f"tensors: {len(model.weights.tensors)}\n")

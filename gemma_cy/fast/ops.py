@@ -6,7 +6,9 @@ The same kernel sources are built once per instruction set, as the extension
 modules ``gemma_cy.fast.simd_<isa>`` (see setup.py and gemma_cy/fast/kernels/). At
 import this module picks one: the environment variable ``GEMMA_CY_SIMD``
 (generic | avx2 | avx512 | neon) when set, else the first of ``ISAS`` that the
-CPU supports and this build has. The kernels know nothing of the model graph.
+CPU supports and this build has and whose tests have run on such a CPU
+(``TESTED_ON_HARDWARE``; the others are experimental, used only when named).
+The kernels know nothing of the model graph.
 
 Python API (all arrays C-contiguous; read-only inputs are fine):
     dot_i8(q, x, scale) -> float
@@ -48,6 +50,12 @@ from ..errors import ParameterError
 ISAS = ("avx512", "avx2", "neon", "generic")  # best first
 REQUIRES = {"avx512": "avx512", "avx2": "avx2", "neon": "neon", "generic": None}  # cpu_features key
 ENV_VAR = "GEMMA_CY_SIMD"
+# The modules whose whole test suite has passed on a CPU with their
+# instruction set (docs/architecture.md#isa-dispatch). Only these are chosen
+# automatically; any other is experimental, run only when ENV_VAR names it.
+# A module joins once `make test GEMMA_CY_REQUIRE_ISAS=<name>` has passed on
+# such a CPU (that switch turns the tests' skips of <name> into failures).
+TESTED_ON_HARDWARE = ("avx512", "avx2", "generic")
 
 
 def _cpu_runs(name: str) -> bool:
@@ -62,6 +70,22 @@ def _built(name: str) -> bool:
 def available() -> list[str]:
     """Names of the SIMD modules this CPU can run and this build has, best first."""
     return [name for name in ISAS if _cpu_runs(name) and _built(name)]
+
+
+def experimental(name: str) -> bool:
+    """True for a module whose tests have not run on a CPU with its instruction set."""
+    return name not in TESTED_ON_HARDWARE
+
+
+def choose(forced: str, runnable: list[str]) -> str:
+    """The module to use: ``forced`` (ENV_VAR's value) when given, else the
+    best of ``runnable`` whose tests have run on such hardware."""
+    if forced:
+        return forced
+    tested = [name for name in runnable if not experimental(name)]
+    if not tested:
+        raise ImportError("gemma_cy: no tested kernel module gemma_cy.fast.simd_* is built (run `make build`)")
+    return tested[0]
 
 
 def module_for(name: str) -> ModuleType:
@@ -86,10 +110,7 @@ def _choose() -> str:
         except ParameterError as error:
             raise ParameterError(f"{ENV_VAR}={forced}: {error}") from None
         return forced
-    runnable = available()
-    if not runnable:
-        raise ImportError("gemma_cy: no kernel module gemma_cy.fast.simd_* is built (run `make build`)")
-    return runnable[0]
+    return choose("", available())
 
 
 ISA: str = _choose()  # the name of the module in use
