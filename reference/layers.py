@@ -29,6 +29,7 @@ import numpy as np
 
 from gemma_cy.model.checks import check_activation_mode
 from gemma_cy.model.config import ModelConfig
+from gemma_cy.quant.affine import AffineTensor
 from gemma_cy.quant.tensors import Q8_0_BLOCK, Int8Tensor, Q8_0Tensor, quantize_activations_q8
 from gemma_cy.model.observe import Observer  # observer(layer, op, pos, value): the calls are listed there
 from gemma_cy.model.weights import Weights
@@ -77,12 +78,15 @@ class Q8Matrix:
 
     ROWS_PER_CHUNK = 8192  # bounds the f32 copy of the int8 values to ~20 MB at cols 640
 
-    def __init__(self, tensor: Int8Tensor | Q8_0Tensor) -> None:
+    def __init__(self, tensor: Int8Tensor | Q8_0Tensor | AffineTensor) -> None:
         rows, cols = tensor.shape
         if cols % Q8_0_BLOCK:
             raise ValueError(f"q8 activations need cols % {Q8_0_BLOCK} == 0, got a ({rows}, {cols}) matrix")
         self.shape = (rows, cols)
-        if isinstance(tensor, Q8_0Tensor):
+        self.affine = tensor.levels() if isinstance(tensor, AffineTensor) else None
+        if self.affine is not None:
+            self.wq, self.wd, self.scale = None, None, None
+        elif isinstance(tensor, Q8_0Tensor):
             self.wq = tensor.qs  # (rows, nb, 32) int8
             self.wd = tensor.d.astype(np.float32).reshape(rows, -1)  # (rows, nb) f32
             self.scale = None
@@ -93,6 +97,8 @@ class Q8Matrix:
 
     def __matmul__(self, x: np.ndarray) -> np.ndarray:
         xq, xd = quantize_activations_q8(x)  # (cols,) int8, (nb,) f32
+        if self.affine is not None:
+            return self._affine_matmul(xq, xd)
         xq = xq.reshape(-1, Q8_0_BLOCK).astype(np.float32)  # (nb, 32)
         out = np.empty(self.shape[0], dtype=np.float32)  # (rows,)
         for r in range(0, self.shape[0], self.ROWS_PER_CHUNK):
@@ -107,6 +113,25 @@ class Q8Matrix:
                 acc += isum[:, b] * s[:, b]
             out[r:r + len(wq)] = acc if self.scale is None else acc * self.scale
         return out
+
+    def _affine_matmul(self, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
+        """An AffineTensor times quantized activations, record after record:
+        acc += f64(isum) * f64(f32(a * d)), then acc -= f64(qsum) * f64(f32(b * d)),
+        with isum = sum q * xq and qsum = sum xq over the record's values and d
+        the activations' block scale (kernels/common.pxi, k_dot_affine_q8)."""
+        lv, sub = self.affine, self.affine.sub
+        rows, cols = self.shape
+        n_sub = cols // sub
+        xs = xq.reshape(n_sub, sub).astype(np.int64)  # (n_sub, sub)
+        d = np.repeat(xd, Q8_0_BLOCK // sub)  # (n_sub,) the block scale of each record
+        acc = np.zeros(rows, dtype=np.float64)  # (rows,)
+        for s in range(n_sub):  # record after record, as the kernels
+            q = lv.q[:, s * sub:(s + 1) * sub].astype(np.int64)  # (rows, sub)
+            isum = (q @ xs[s]).astype(np.float64)  # (rows,) exact integers
+            acc += isum * (lv.a[:, s] * d[s]).astype(np.float64)
+            if lv.b is not None:
+                acc -= np.float64(xs[s].sum()) * (lv.b[:, s] * d[s]).astype(np.float64)
+        return acc.astype(np.float32)
 
 
 @dataclass(frozen=True)

@@ -287,8 +287,8 @@ def figure_rows(model: RealModel, path: Path, prompts_file: str, args) -> list[R
                 decode_work(Path(original))[1], True),
             Row("gemma-cy fast (Q8_0 conversion)", ours + ["--weights", str(path), "--engine", "fast"], q8_bytes, True)]
     if "activations" in inspect.signature(make_engine).parameters:
-        rows.append(Row("gemma-cy fast, q8 activations (opt-in, Q8_0)",
-                        ours + ["--weights", str(path), "--engine", "fast-q8"], q8_bytes, True))
+        rows.append(Row(f"gemma-cy fast, q8 activations (opt-in, {quant} as stored)",
+                        ours + ["--weights", original, "--engine", "fast-q8"], rows[0].step_bytes, True))
     if args.no_peers:
         return rows
     if not PEERS_PYTHON.exists():

@@ -5,6 +5,7 @@
 Runs the GPL-3 text (the same 2048 tokens as the transformers goldens in
 tests/goldens/gemma3_270m/teacher_forced.json, BOS first) through
   original: the chosen engine on the packaged Q4_K_M file, every weight as stored
+            (with f32 activations, then with the opt-in q8 activations)
   q8_0:     the chosen engine on the file re-quantized to Q8_0 (gemma-cy convert,
             made once into gemma-cy's cache directory)
   f32:      the reference engine on the original GGUF dequantized to f32
@@ -54,16 +55,18 @@ def main() -> None:
     source = default_model_path()
 
     results = {}
-    for label, weights, engine in (("original", read_gguf(source), args.engine),
-                                   ("q8_0", read_gguf(q8_0_conversion(source)), args.engine),
-                                   ("f32", read_gguf_f32(source), "reference")):
+    for label, weights, engine, activations in (
+            ("original", read_gguf(source), args.engine, "f32"),
+            ("original, q8 activations", read_gguf(source), args.engine, "q8"),
+            ("q8_0", read_gguf(q8_0_conversion(source)), args.engine, "f32"),
+            ("f32", read_gguf_f32(source), "reference", "f32")):
         start = time.perf_counter()
-        argmaxes, nlls = teacher_forced(make_engine(engine, weights, len(ids)), ids)
+        argmaxes, nlls = teacher_forced(make_engine(engine, weights, len(ids), activations), ids)
         results[label] = (argmaxes, nlls)
         print(f"{label} ({engine}): {len(nlls)} positions in {time.perf_counter() - start:.0f} s, "
               f"perplexity {math.exp(nlls.mean()):.4f}, top-1 agreement with transformers "
               f"{100 * np.mean(argmaxes == hf_argmax):.2f}%")
-    for label in ("original", "q8_0"):
+    for label in ("original", "original, q8 activations", "q8_0"):
         agree = np.mean(results[label][0] == results["f32"][0])
         print(f"{label} vs f32 top-1 agreement: {100 * agree:.2f}% over {len(ids) - 1} positions")
     print(f"transformers (golden): perplexity {golden['perplexity']:.4f}")

@@ -694,8 +694,8 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
         raise ValueError(f"gemm: x has {x.shape[1]} columns, the matrix {m.cols}")
     if activations not in ACTIVATION_MODES:
         raise ValueError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
-    if activations == "q8" and m.layout in (QLAYOUT_AFFINE, QLAYOUT_F32):
-        raise ValueError("gemm: q8 activations run int8 and Q8_0 matrices, not affine or f32 ones")
+    if activations == "q8" and m.layout == QLAYOUT_F32:
+        raise ValueError("gemm: q8 activations run integer matrices, not f32 ones")
     if activations == "q8" and m.cols % Q8_0_BLOCK:
         raise ValueError(f"gemm: q8 activations need cols % {Q8_0_BLOCK} == 0, got {m.cols}")
     out = np.empty((x.shape[0], m.rows), np.float32)

@@ -18,7 +18,6 @@ import numpy as np
 from .config import ModelConfig
 from .observe import Observer
 from ..errors import NumericalError, ParameterError, TokenIndexError
-from ..quant.affine import AffineTensor
 from ..quant.tensors import Q8_0_BLOCK, F32Tensor
 
 # How the engines compute a matrix product's input: "f32" (the default) or
@@ -32,9 +31,8 @@ def check_activation_mode(activations, config: ModelConfig, tensors: Mapping[str
     model can run; else ParameterError (the user's choice of mode does not
     fit the model). q8 quantizes the inputs of every matrix per block of 32,
     so the widths they have (dim, n_heads*head_dim, mlp_dim) must be
-    multiples of 32; and its integer products run int8 and Q8_0 matrices
-    only, so ``tensors`` (the model's, when given) must hold no matrix of
-    another type (an AffineTensor: Q4_K, Q6_K, Q4_1...; an f32 matrix)."""
+    multiples of 32; and its products are integer ones, so ``tensors`` (the
+    model's, when given) must hold no f32 matrix (GGUF F32, F16, BF16)."""
     if activations not in ACTIVATION_MODES:
         raise ParameterError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
     widths = (config.dim, config.q_dim, config.mlp_dim)
@@ -43,10 +41,8 @@ def check_activation_mode(activations, config: ModelConfig, tensors: Mapping[str
                              f"of {Q8_0_BLOCK}; this model has {widths[0]}, {widths[1]}, {widths[2]}")
     if activations == "q8" and tensors is not None:
         for name, tensor in tensors.items():
-            kind = tensor.source if isinstance(tensor, AffineTensor) else \
-                "an f32 matrix" if isinstance(tensor, F32Tensor) and len(tensor.shape) == 2 else None
-            if kind is not None:
-                raise ParameterError(f"activations = 'q8' runs int8 and Q8_0 matrices; {name} is {kind} "
+            if isinstance(tensor, F32Tensor) and len(tensor.shape) == 2:
+                raise ParameterError(f"activations = 'q8' runs integer matrices; {name} is an f32 matrix "
                                      f"(run this model with activations = 'f32')")
     return activations
 

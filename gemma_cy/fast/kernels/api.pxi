@@ -134,8 +134,14 @@ cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* x
 
 # k_gemm over quantized activations: xq (n_tokens, w.cols) int8, xd
 # (n_tokens, w.cols / 32); out[t, r] = k_dot_*_q8 of row r and token t.
-# w.cols must be a multiple of 32; w is QLAYOUT_I8_TENSOR or QLAYOUT_Q8_0 (the
-# q8 mode does not run affine matrices: gemma_cy.model.checks refuses them).
+# f32 of an affine row times quantized activations: per record, exact integer
+# sums of q * xq (and of xq, for an offset), scaled in f64 by f32(a * xd) and
+# f32(b * xd), added and subtracted in record order (kernels/common.pxi).
+cdef float k_dot_affine_q8(const uint8_t* rec, const int8_t* xq, const float* xd, Py_ssize_t cols,
+                           Py_ssize_t sub, bint has_offset) noexcept nogil
+
+# w.cols must be a multiple of 32; w is not QLAYOUT_F32 (the q8 mode does
+# not run f32 matrices: gemma_cy.model.checks refuses them).
 cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
                     Py_ssize_t n_tokens) noexcept nogil
 

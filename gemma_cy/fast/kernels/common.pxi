@@ -13,7 +13,7 @@
 # angles, and the activations.
 
 from libc.math cimport cos, pow, sin, sqrt, tanh
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int32_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -103,6 +103,13 @@ cdef void _gemv_q8_0_rows(float* out, const uint8_t* blocks, const float* x,
 # weight = f32(f32(a * q) - b), which is ggml's dequantized value bit for bit
 # (a * q is exact for every type but Q6_K, whose one rounding is ggml's too).
 #
+# The q8 mode (k_dot_affine_q8, every module): per record, in order, the
+# exact integer sums isum = sum q * xq and (with an offset) qsum = sum xq over
+# its values, the activations' block scale d = xd[block]; acc (f64) +=
+# f64(isum) * f64(f32(a * d)), then acc -= f64(qsum) * f64(f32(b * d)) (each
+# product exact in f64); rounded once to f32. The reference's Q8Matrix
+# computes the same numbers in the same order.
+#
 # Summation order of a row, the Q8_0 order (see the dot_<isa>.pxi files): a
 # row is read as 32-value blocks (one record of 32, or two of 16), 8-value
 # group g of every block into accumulator g, each product the exact weight
@@ -165,6 +172,32 @@ cdef void k_dequantize_affine(float* out, const uint8_t* rec, Py_ssize_t cols, P
             out[j] = (a * q[j]) - b  # a * q exact but for Q6_K, where b == 0: no fused rounding can differ
         out += sub
         rec += rb
+
+
+cdef float k_dot_affine_q8(const uint8_t* rec, const int8_t* xq, const float* xd, Py_ssize_t cols,
+                           Py_ssize_t sub, bint has_offset) noexcept nogil:
+    cdef double acc = 0
+    cdef int32_t isum, qsum
+    cdef float a, b, d
+    cdef const int8_t* q
+    cdef Py_ssize_t rb = sub + 4 + (4 if has_offset else 0), s, i, c = 0
+    for s in range(cols // sub):
+        q = <const int8_t*> rec
+        d = xd[c // 32]
+        a = _load_f32(rec + sub)
+        isum = 0
+        for i in range(sub):
+            isum += q[i] * xq[c + i]
+        acc += <double> isum * <double> (a * d)
+        if has_offset:
+            b = _load_f32(rec + sub + 4)
+            qsum = 0
+            for i in range(sub):
+                qsum += xq[c + i]
+            acc -= <double> qsum * <double> (b * d)
+        c += sub
+        rec += rb
+    return <float> acc
 
 
 cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize_t rows, Py_ssize_t cols,
@@ -243,8 +276,9 @@ cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float*
     # as k_gemm: tiles of tokens, each group of four rows read once per tile;
     # one token from DRAM (decode): row after row, as the f32 GEMV
     cdef Py_ssize_t t0 = 0, t, tn, r, i, n, rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
-    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if w.layout == QLAYOUT_Q8_0 else cols
-    cdef const uint8_t* base = w.blocks if w.layout == QLAYOUT_Q8_0 else <const uint8_t*> w.q
+    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if w.layout == QLAYOUT_Q8_0 else (
+        _affine_row_bytes(w) if w.layout == QLAYOUT_AFFINE else cols)
+    cdef const uint8_t* base = <const uint8_t*> w.q if w.layout == QLAYOUT_I8_TENSOR else w.blocks
     if n_tokens == 1 and not w.resident:
         for r in range(rows):
             _prefetch_row(base + r * row_bytes, row_bytes)

@@ -83,5 +83,8 @@ cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t 
     for i in range(n_rows):
         if w.layout == QLAYOUT_I8_TENSOR:
             out[i] = k_dot_i8_q8(w.q + (row + i) * w.cols, xq, xd, nb, w.scale)
+        elif w.layout == QLAYOUT_AFFINE:
+            out[i] = k_dot_affine_q8(w.blocks + (row + i) * _affine_row_bytes(w), xq, xd, w.cols, w.sub,
+                                     w.has_offset)
         else:
             out[i] = k_dot_q8_0_q8(w.blocks + (row + i) * nb * Q8_0_BYTES, xq, xd, nb)

@@ -247,6 +247,11 @@ cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t 
     cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, i
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
     cdef float sums[4]
+    if w.layout == QLAYOUT_AFFINE:  # the portable loop of kernels/common.pxi, row by row
+        for i in range(n_rows):
+            out[i] = k_dot_affine_q8(w.blocks + (row + i) * _affine_row_bytes(w), xq, xd, w.cols, w.sub,
+                                     w.has_offset)
+        return
     if n_rows < 4:
         for i in range(n_rows):
             if w.layout == QLAYOUT_I8_TENSOR:
