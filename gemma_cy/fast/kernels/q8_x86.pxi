@@ -239,6 +239,45 @@ cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* x
     return <float> _row_sum_q8(blocks, True, xq, xd, n_blocks)
 
 
+cdef inline int32_t _hsum_epi32(q8_m256i v) noexcept nogil:
+    """The sum of 8 int32 lanes (exact: the order does not matter)."""
+    cdef q8_m128i h = q8_add_epi32_128(q8_castsi256_si128(v), q8_extracti128_si256(v, 1))
+    cdef int32_t lanes[4]
+    memcpy(lanes, &h, 16)
+    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+
+
+cdef inline int32_t _qsum32(const int8_t* x) noexcept nogil:
+    """sum of 32 int8 (exact)."""
+    cdef int32_t s = 0
+    cdef Py_ssize_t i
+    for i in range(32):
+        s += x[i]
+    return s
+
+
+cdef float _dot_affine32_q8(const uint8_t* rec, const int8_t* xq, const float* xd, Py_ssize_t cols,
+                            bint has_offset) noexcept nogil:
+    """k_dot_affine_q8 for records of 32 values (Q4_1, Q5_1, Q4_K, Q5_K):
+    each record's exact integer sums by maddubs/madd, then the f64 terms in
+    the portable loop's order (kernels/common.pxi), so the same number."""
+    cdef q8_m256i ones = q8_set1_epi16(1), xv
+    cdef double acc = 0
+    cdef int32_t isum, qsum
+    cdef float d
+    cdef Py_ssize_t rb = 32 + 4 + (4 if has_offset else 0), b
+    for b in range(cols // 32):
+        xv = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
+        d = xd[b]
+        isum = _hsum_epi32(_isum8_q8(<const int8_t*> rec, xv, ones))
+        acc += <double> isum * <double> (_load_f32(rec + 32) * d)
+        if has_offset:
+            qsum = _qsum32(xq + 32 * b)
+            acc -= <double> qsum * <double> (_load_f32(rec + 36) * d)
+        rec += rb
+    return <float> acc
+
+
 cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t n_rows,
                        const int8_t* xq, const float* xd) noexcept nogil:
     """out[i] = k_dot_*_q8 of row row + i of w, i < n_rows <= 4, bit for bit:
@@ -247,10 +286,13 @@ cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t 
     cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, i
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
     cdef float sums[4]
-    if w.layout == QLAYOUT_AFFINE:  # the portable loop of kernels/common.pxi, row by row
+    if w.layout == QLAYOUT_AFFINE:  # row by row; records of 16: the portable loop of kernels/common.pxi
         for i in range(n_rows):
-            out[i] = k_dot_affine_q8(w.blocks + (row + i) * _affine_row_bytes(w), xq, xd, w.cols, w.sub,
-                                     w.has_offset)
+            if w.sub == 32:
+                out[i] = _dot_affine32_q8(w.blocks + (row + i) * _affine_row_bytes(w), xq, xd, w.cols, w.has_offset)
+            else:
+                out[i] = k_dot_affine_q8(w.blocks + (row + i) * _affine_row_bytes(w), xq, xd, w.cols, w.sub,
+                                         w.has_offset)
         return
     if n_rows < 4:
         for i in range(n_rows):
