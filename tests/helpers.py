@@ -371,11 +371,12 @@ def bpe_hand_vocab(merges=BPE_MERGES) -> tuple[list[str], list[int], list[str]]:
 
 
 def golden_rows(name: str, maker: str) -> list[dict]:
-    """The records of tests/goldens/``name`` (JSON lines); skips the test,
-    naming the script that makes the file (``maker``), when it is missing."""
+    """The records of tests/goldens/``name`` (JSON lines). The goldens are
+    committed, so a missing one fails the test (naming the script that makes
+    it, ``maker``) instead of skipping it silently."""
     path = GOLDENS / name
     if not path.exists():
-        pytest.skip(f"{path} missing: make it with scripts/{maker}")
+        pytest.fail(f"{path} missing (it is committed; make it again with scripts/{maker})")
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 

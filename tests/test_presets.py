@@ -1,7 +1,6 @@
 """Presets: sizes, matching, and the deterministic random weights (docs/formats.md#the-tiny-test-fixture)."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -140,8 +139,6 @@ def test_small_forward_of_one_token_stays_finite(small_weights):
     assert np.all(np.isfinite(logits)) and np.abs(logits).max() < 20
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gemma_cy.tokenizers.fixture_vocab") is None,
-                    reason="gemma_cy.tokenizers.fixture_vocab not written yet")
 def test_make_test_weights_script(tmp_path):
     out = tmp_path / "t" / "tiny.gmw"
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_weights.py"),

@@ -386,7 +386,7 @@ def test_gemma3_model_golden_prompts_tokenize_as_hf(gemma3):
     """The prompts of tests/goldens/gemma3_270m (scripts/make_model_goldens.py) give HF's ids here too."""
     path = GOLDENS / "gemma3_270m" / "greedy.json"
     if not path.exists():
-        pytest.skip(f"{path} missing: make it with scripts/make_model_goldens.py")
+        pytest.fail(f"{path} missing (it is committed; make it again with scripts/make_model_goldens.py)")
     chat_before, chat_after = "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"
     for p in json.loads(path.read_text())["prompts"]:
         ids = [gemma3.bos_id] + gemma3.encode(p["text"])
@@ -399,10 +399,11 @@ def test_gemma3_model_golden_prompts_tokenize_as_hf(gemma3):
 def test_gemma3_teacher_forced_text_tokenizes_as_hf(gemma3):
     path = GOLDENS / "gemma3_270m" / "teacher_forced.json"
     if not path.exists():
-        pytest.skip(f"{path} missing: make it with scripts/make_model_goldens.py")
+        pytest.fail(f"{path} missing (it is committed; make it again with scripts/make_model_goldens.py)")
     golden = json.loads(path.read_text())
     source = Path(golden["source"])
     if not source.exists() or hashlib.sha256(source.read_bytes()).hexdigest() != golden["source_sha256"]:
-        pytest.skip(f"{source} is not on this machine as the golden was made from it")
+        pytest.skip(f"{source} (the text the golden was made from, a file of Debian's base-files) "
+                    f"is not on this machine as it was")
     ids = [gemma3.bos_id] + gemma3.encode(source.read_text(encoding="utf-8"))[:golden["n_predictions"]]
     assert ids == golden["ids"]
