@@ -35,10 +35,18 @@ def independent_greedy(model_path, prompt_ids, n):
 
 
 def test_streams_text_and_prints_stats(tiny_model_path):
-    result = cli("--weights", str(tiny_model_path), "--prompt", "Once upon a time", "--n_dec", "12",
-                 "--temp", "0.8", "--minp", "0.05", "--terminate_on_eos", "0")
+    """The streamed text is the whole generation's text (docs/errors.md#case-26):
+    the same seed with --json gives the ids, and the stream is exactly their
+    decoding, as the tokenizer decodes them all at once."""
+    flags = ("--weights", str(tiny_model_path), "--prompt", "Once upon a time", "--n_dec", "12",
+             "--temp", "0.8", "--minp", "0.05", "--terminate_on_eos", "0", "--seed", "3")
+    result = cli(*flags)
     assert result.returncode == 0, result.stderr
-    assert result.stdout  # 12 tokens of (gibberish) text
+    out = run_json(tiny_model_path, *flags[2:])
+    tok = GreedyTokenizer(read_gmt(str(tiny_model_path) + ".tok"))
+    assert len(out["generated_ids"]) == 12
+    assert out["text"] == tok.decode(out["generated_ids"])
+    assert result.stdout in (out["text"], out["text"] + "\n")  # a final newline, if any, is the CLI's
     assert "prefill:" in result.stderr and "decode:" in result.stderr and "tok/s" in result.stderr
 
 

@@ -14,6 +14,8 @@ block equals decoding position by position, bit for bit.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,6 +28,7 @@ from gemma_cy.fast.engine import FastEngine
 from gemma_cy.quant.tensors import Q8_0Tensor, quantize_activations_q8, quantize_per_tensor, quantize_q8_0
 from gemma_cy.commands.diff import teacher_forced
 from gemma_cy.model.tolerance import DEFAULT, tolerance_for
+from gemma_cy.formats.gmw import read_gmw
 from gemma_cy_reference.layers import Q8Matrix
 from gemma_cy_reference.model import ReferenceEngine
 
@@ -282,8 +285,15 @@ def test_prefill_blocks_equal_decoding_one_by_one(isa, activations, tiny):
 
 def test_cli_q8_mode_and_diff(tiny_model_path):
     run = cli("--weights", str(tiny_model_path), "--prompt", "Once upon", "--n_dec", "8", "--temp", "0",
-              "--activations", "q8")
+              "--activations", "q8", "--terminate_on_eos", "0", "--json")
     assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    reference = ReferenceEngine(read_gmw(str(tiny_model_path)), 64, "q8")  # the CLI runs the fast engine
+    logits, want = reference.prefill(out["prompt_ids"]), []
+    for _ in range(8):
+        want.append(int(np.argmax(logits)))
+        logits = reference.decode(want[-1])
+    assert out["engine"] == "fast" and out["generated_ids"] == want
     diff = cli("diff", "--weights", str(tiny_model_path), "--prompt", "Once upon a time", "--n_dec", "32",
                "--activations", "q8")
     assert diff.returncode == 0, diff.stdout + diff.stderr
