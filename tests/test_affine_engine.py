@@ -189,14 +189,20 @@ def test_every_matrix_is_read_as_the_file_stores_it(every_type_gguf):
         np.testing.assert_array_equal(ours.view(np.uint32), want.view(np.uint32), err_msg=f"{name} ({kind})")
 
 
-@ISA
-def test_every_type_model_each_op_matches_the_reference(isa, every_type_gguf):
-    check_each_op_against_the_reference(read_gguf(every_type_gguf[0]), IDS, isa)
+@pytest.fixture(params=["every_type_gguf", "float_gguf"])
+def model_gguf(request):
+    """Each test model's GGUF path: every integer block type, then F32/F16/BF16."""
+    return request.getfixturevalue(request.param)[0]
 
 
 @ISA
-def test_every_type_model_greedy_tokens_identical(isa, every_type_gguf):
-    greedy_both(read_gguf(every_type_gguf[0]), IDS, 40, isa)
+def test_model_each_op_matches_the_reference(isa, model_gguf):
+    check_each_op_against_the_reference(read_gguf(model_gguf), IDS, isa)
+
+
+@ISA
+def test_model_greedy_tokens_identical(isa, model_gguf):
+    greedy_both(read_gguf(model_gguf), IDS, 40, isa)
 
 
 @ISA
@@ -280,16 +286,6 @@ def test_float_matrices_are_read_as_the_file_stores_them(float_gguf):
         np.testing.assert_array_equal(t.data.view(np.uint32), want.view(np.uint32), err_msg=f"{name} ({kind})")
     f32_name = next(n for n, k in kinds.items() if k == "F32")
     assert not weights[f32_name].data.flags.writeable  # F32: a read-only view of the map
-
-
-@ISA
-def test_float_model_each_op_matches_the_reference(isa, float_gguf):
-    check_each_op_against_the_reference(read_gguf(float_gguf[0]), IDS, isa)
-
-
-@ISA
-def test_float_model_greedy_tokens_identical(isa, float_gguf):
-    greedy_both(read_gguf(float_gguf[0]), IDS, 40, isa)
 
 
 def test_q8_mode_on_a_float_model_is_one_parameter_error(float_gguf):

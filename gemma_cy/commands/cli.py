@@ -90,11 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# The SIMD modules whose own kernels run affine matrices; the others run the
-# portable loop of kernels/common.pxi.
-AFFINE_KERNELS = ("avx2", "avx512")
-
-
 def tensor_kind(t) -> str:
     """How the engines hold a tensor, for --dump: its layout and, for an
     affine matrix, the file's block type."""
@@ -112,7 +107,7 @@ def dump_model(model, out) -> None:
 
     cfg = model.config
     out.write(f"source: {model.weights.source}\n")
-    kernels = "own" if ops.ISA in AFFINE_KERNELS else "portable (generic) loop"
+    kernels = "own" if ops.ISA in ops.OWN_AFFINE_KERNELS else "portable (generic) loop"
     untested = ", EXPERIMENTAL: its tests have not run on such a CPU" if ops.experimental(ops.ISA) else ""
     out.write(f"engine: {model.engine_name}, SIMD module: {ops.ISA} (affine kernels: {kernels}{untested})\n")
     for name, value in vars(cfg).items():

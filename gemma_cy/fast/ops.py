@@ -56,6 +56,9 @@ ENV_VAR = "GEMMA_CY_SIMD"
 # A module joins once `make test GEMMA_CY_REQUIRE_ISAS=<name>` has passed on
 # such a CPU (that switch turns the tests' skips of <name> into failures).
 TESTED_ON_HARDWARE = ("avx512", "avx2", "generic")
+# The modules with an affine-matrix kernel of their own (dot_<isa>.pxi); the
+# others run the portable loop of kernels/common.pxi.
+OWN_AFFINE_KERNELS = ("avx512", "avx2")
 
 
 def _cpu_runs(name: str) -> bool:
