@@ -7,14 +7,17 @@ The names below are imported on first use (PEP 562), so importing one
 low-level module (``gemma_cy.formats.gmw``) does not load the whole stack.
 """
 from .model.config import ModelConfig
-from .errors import (ContextLengthError, GemmaCyError, ModelFormatError, NumericalError,
-                     ParameterError, TokenIndexError)
+from .errors import (ContextLengthError, GemmaCyError, GenerationStateError, ModelFormatError,
+                     NumericalError, ParameterError, TemplateError, TokenIndexError)
 
-_LAZY = {"load": "api", "Model": "api", "Generation": "generation.generator", "Step": "generation.generator"}
+_LAZY = {"load": "api", "Model": "api", "Completion": "api", "Generation": "generation.generator",
+         "Step": "generation.generator"}
 
-__all__ = ["load", "Model", "ModelConfig", "Generation", "Step", "GemmaCyError",
+__all__ = ["load", "Model", "ModelConfig", "Generation", "Step", "Completion", "GemmaCyError",
            "ModelFormatError", "ParameterError", "ContextLengthError", "TokenIndexError",
-           "NumericalError"]
+           "NumericalError", "GenerationStateError", "TemplateError", "__version__"]
+
+__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

@@ -1,8 +1,9 @@
-"""The public Python API: ``gemma_cy.load(...)`` -> ``Model``.
+"""The public Python API: ``gemma_cy.load(...)`` -> ``Model`` (docs/generation.md#python-api).
 
-    >>> model = gemma_cy.load("models/tiny.gmw")
-    >>> gen = model.generate("Once upon a time", n_dec=20, temperature=0)
-    >>> text = "".join(step.text for step in gen); gen.stop_reason
+    >>> model = gemma_cy.load()                     # the default model, Gemma 3 270M
+    >>> model.complete("The capital of France is", max_tokens=20, temperature=0).text
+    >>> for step in model.chat([{"role": "user", "content": "Hi!"}]):
+    ...     print(step.text, end="")
 """
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from typing import Sequence
 
 import numpy as np
 
-from .tokenizers.chat import chat_format_for
+from .tokenizers.chat import chat_ids, chat_template_for
 from .generation.engines import DEFAULT_ENGINE, make_engine
+from .generation.penalties import DEFAULT_REPEAT_LAST_N, Penalties
+from .generation.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE
+from .generation.session import Session
 from .errors import ModelFormatError, ParameterError, TokenIndexError
 from .formats.gguf_model import read_gguf
 from .formats.gmw import read_gmw
 from .formats.llama2c import is_llama2c_checkpoint, read_llama2c
 from .tokenizers.llama2c import Llama2cTokenizer
-from .generation.generator import Generation, Observer
+from .generation.generator import Completion, Generation, Observer
 from .generation.sampling import Sampler
 from .tokenizers.greedy import GreedyTokenizer
 from .model.weights import Weights
@@ -80,13 +84,18 @@ def default_tokenizer_path(weights: str) -> str:
     return weights if magic == b"GGUF" else weights + ".tok"
 
 
-def load(weights: str, tokenizer: str | None = None, engine: str = DEFAULT_ENGINE,
+def load(weights: str | os.PathLike | None = None, tokenizer: str | None = None, engine: str = DEFAULT_ENGINE,
          max_cache_len: int = 8192, activations: str = "f32") -> "Model":
-    """Load a model: ``weights`` file path (GMW1 or GGUF), ``tokenizer`` path
-    (default: the GGUF itself, or weights + ".tok" for GMW1), ``engine``
-    "fast" | "reference", and the KV cache length (context =
-    min(max_cache_len, the model's max_seq_len)). ``activations="q8"`` is
-    the opt-in int8-activation mode (gemma_cy.generation.engines.make_engine)."""
+    """Load a model: ``weights`` file path (GGUF, GMW1 or a llama2.c
+    checkpoint; None: the default model, Gemma 3 270M from its package),
+    ``tokenizer`` path (default: the GGUF itself, weights + ".tok" for
+    GMW1, tokenizer.bin beside a llama2.c checkpoint), ``engine`` "fast" |
+    "reference", and the KV cache length (context = min(max_cache_len, the
+    model's max_seq_len)). ``activations="q8"`` is the opt-in
+    int8-activation mode (gemma_cy.generation.engines.make_engine)."""
+    if weights is None:
+        from .formats.packaged import default_model_path
+        weights = default_model_path()
     weights = os.fspath(weights)
     loaded = open_weights(weights)
     tok = open_tokenizer(os.fspath(tokenizer) if tokenizer is not None else default_tokenizer_path(weights))
@@ -97,8 +106,22 @@ def load(weights: str, tokenizer: str | None = None, engine: str = DEFAULT_ENGIN
     return Model(loaded, tok, engine, max_cache_len, activations)
 
 
+def _max_tokens(max_tokens, n_dec) -> int:
+    """``max_tokens`` and its seed name ``n_dec``: either, or both if equal; default 250."""
+    if max_tokens is not None and n_dec is not None and max_tokens != n_dec:
+        raise ParameterError(f"max_tokens = {max_tokens!r} and n_dec = {n_dec!r}: give one of them")
+    value = max_tokens if max_tokens is not None else n_dec
+    return 250 if value is None else value
+
+
 class Model:
-    """A loaded model: weights, tokenizer and an engine with its KV cache."""
+    """A loaded model: weights, tokenizer, chat template and an engine with its KV cache.
+
+    The model has one KV cache, so one generation runs at a time: starting
+    another (``generate``, ``chat``, ``complete``...) or calling ``logits``
+    takes the cache over, and resuming the older generation raises
+    GenerationStateError (docs/generation.md#one-generation-at-a-time).
+    """
 
     def __init__(self, weights: Weights, tokenizer: GreedyTokenizer, engine: str = DEFAULT_ENGINE,
                  max_cache_len: int = 8192, activations: str = "f32"):
@@ -107,9 +130,10 @@ class Model:
         self.tokenizer = tokenizer
         self.engine_name = engine
         self.engine = make_engine(engine, weights, max_cache_len, activations)
-        self.chat = chat_format_for(tokenizer)  # None: the model has no chat template
+        self.session = Session(self.engine)
+        self.chat_template = chat_template_for(tokenizer)  # None: the model has no chat template
         stops = {tokenizer.eos_id, *self.config.eos_ids}
-        for piece in self.chat.stop_pieces if self.chat else ():
+        for piece in self.chat_template.stop_pieces if self.chat_template else ():
             tid = tokenizer.token_id(piece)
             if tid is not None:
                 stops.add(tid)
@@ -133,63 +157,104 @@ class Model:
         """Text of ``ids`` (control tokens give nothing)."""
         return self.tokenizer.decode(list(ids))
 
-    def chat_ids(self, prompt: str, first_turn: bool = True) -> list[int]:
-        """One user turn in the model's chat template (``gemma_cy.tokenizers.chat``), ready
-        for the model's reply: ``<bos>`` (if the model adds one) and the
-        template's opening (e.g. a default system message) first. The
-        template's markers are control tokens; the user's text is plain text.
-        A later turn of a chat that kept its KV cache (``first_turn=False``)
-        has neither and first closes the model's previous turn: generation
-        stops on its end-of-turn piece without feeding it to the cache.
-        Raises ParameterError when the model has no chat template."""
-        if self.chat is None:
+    def chat_ids(self, messages: str | Sequence[dict], system: str | None = None,
+                 add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a chat in the model's template (gemma_cy.tokenizers.chat),
+        ready for the model's reply: ``messages`` is a list of {"role":
+        "system" | "user" | "assistant", "content": str}, or one user
+        prompt as a string (after a ``system`` message, if given). The
+        template's markers are control tokens; the messages' text is plain
+        text. Raises ParameterError when the model has no chat template."""
+        if self.chat_template is None:
             raise ParameterError(f"chat format: {self.weights.source or 'this model'} has no chat template "
-                                 f"(neither Gemma's nor ChatML); run it without --chat_format")
-        before, after = self.chat.user.split("{prompt}")
-        if first_turn:
-            start = (([self.tokenizer.bos_id] if self.tokenizer.add_bos else [])
-                     + self.tokenizer.encode(self.chat.first, parse_special=True))
-        else:
-            start = self.tokenizer.encode(self.chat.turn_end, parse_special=True)
-        return (start
-                + self.tokenizer.encode(before, parse_special=True)
-                + self.tokenizer.encode(prompt, parse_special=False)
-                + self.tokenizer.encode(after, parse_special=True))
+                                 f"(neither its own nor Gemma's or ChatML's markers); run it without chat")
+        if isinstance(messages, (str, bytes)):
+            text = messages.decode("utf-8", "replace") if isinstance(messages, bytes) else messages
+            messages = ([{"role": "system", "content": system}] if system else []) + \
+                [{"role": "user", "content": text}]
+        elif system is not None:
+            raise ParameterError("system: give the system message inside messages, or a prompt string")
+        return chat_ids(self.tokenizer, self.chat_template, messages, add_generation_prompt)
 
     def prompt_ids(self, prompt: str | bytes | Sequence[int], chat_format: bool = False,
-                   parse_special: bool = False) -> list[int]:
+                   parse_special: bool = False, system: str | None = None) -> list[int]:
         """The ids a prompt runs as: text is tokenized, BOS first if the model
         adds one (an empty prompt is just [BOS] either way: the model needs
-        one token to start from); a sequence of ints is taken as ids, checked."""
+        one token to start from); with ``chat_format`` it is one user turn
+        of the chat template (after ``system``, if given); a sequence of
+        ints is taken as ids, checked."""
         if isinstance(prompt, (str, bytes)):
             if chat_format:
-                text = prompt.decode("utf-8", "replace") if isinstance(prompt, bytes) else prompt
-                return self.chat_ids(text)
+                return self.chat_ids(prompt, system=system)
+            if system is not None:
+                raise ParameterError("system: a system message needs the chat format (chat_format=True)")
             return self.tokenize(prompt, parse_special=parse_special) or [self.tokenizer.bos_id]
-        ids = [int(i) for i in prompt]
+        if prompt and all(isinstance(m, dict) for m in prompt):
+            raise ParameterError("prompt: a list of messages goes to Model.chat(messages), not generate()")
+        ids = []
+        for i in prompt:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise ParameterError(f"prompt: expected text or token ids (ints), got an element {i!r:.60}")
+            ids.append(int(i))
         for i in ids:
             if not 0 <= i < self.config.vocab_size:
                 raise TokenIndexError(f"prompt id {i} outside the vocabulary [0, {self.config.vocab_size})")
         return ids
 
-    def generate(self, prompt: str | bytes | Sequence[int] = "", n_dec: int = 250,
-                 temperature: float = 0.7, min_p: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, seed: int = 0, chat_format: bool = False,
-                 terminate_on_eos: bool = True, parse_special: bool = False,
-                 observer: Observer | None = None, keep_cache: bool = False) -> Generation:
-        """Start generating; iterate the result for ``Step(token_id, text)``.
-
-        Sampling follows docs/generation.md#sampler: greedy unless ``min_p``, ``top_k`` or
-        ``top_p`` is given (or temperature 0). ``keep_cache`` continues from the
-        KV cache's current position (multi-turn chat) instead of resetting it.
-        """
+    def _generation(self, ids: list[int], *, max_tokens=None, n_dec=None, temperature=DEFAULT_TEMPERATURE,
+                    top_k=0, top_p=1.0, min_p=DEFAULT_MIN_P, repeat_penalty=1.0, presence_penalty=0.0,
+                    frequency_penalty=0.0, repeat_last_n=DEFAULT_REPEAT_LAST_N, seed=0, stop=None,
+                    logits_processor=None, accept_token=None, observer=None,
+                    terminate_on_eos=True) -> Generation:
+        """A Generation of ``ids`` from the engine's current position."""
         sampler = Sampler(temperature=temperature, min_p=min_p, top_k=top_k, top_p=top_p, seed=seed)
-        ids = self.prompt_ids(prompt, chat_format=chat_format, parse_special=parse_special)
-        if not keep_cache:
-            self.engine.reset()
-        return Generation(self.engine, self.tokenizer, sampler, ids, n_dec,
-                          stop_ids=self.stop_ids if terminate_on_eos else frozenset(),
-                          observer=observer)
+        penalties = Penalties(repeat_penalty, presence_penalty, frequency_penalty, repeat_last_n)
+        return Generation(self.engine, self.tokenizer, sampler, ids, _max_tokens(max_tokens, n_dec),
+                          stop_ids=self.stop_ids if terminate_on_eos else frozenset(), observer=observer,
+                          stop=stop, logits_processor=logits_processor, accept_token=accept_token,
+                          penalties=penalties, session=self.session)
+
+    def generate(self, prompt: str | bytes | Sequence[int] = "", *, chat_format: bool = False,
+                 system: str | None = None, parse_special: bool = False, keep_cache: bool = False,
+                 **sampling) -> Generation:
+        """Start generating from a prompt; iterate the result for
+        ``Step(token_id, text)``; ``stop_reason`` says why it ended.
+
+        Keywords (docs/generation.md#python-api): ``max_tokens`` (or the
+        seed's ``n_dec``; default 250), ``temperature`` (0.8; 0 = greedy),
+        ``top_k`` (0 = off), ``top_p`` (1 = off), ``min_p`` (0.05),
+        ``repeat_penalty`` (1 = off), ``presence_penalty`` and
+        ``frequency_penalty`` (0 = off) over the last ``repeat_last_n`` (64)
+        ids, ``seed`` (0), ``stop`` (strings that end the text, never
+        shown), ``logits_processor`` (``f(ids, logits) -> logits``, or a
+        list of them: ids is the context so far, logits a writable f32
+        copy), ``accept_token`` (``f(id) -> bool``: False ends the
+        generation before that id), ``observer``, ``terminate_on_eos``.
+        ``keep_cache`` continues from the KV cache's current position
+        instead of starting over.
+        """
+        ids = self.prompt_ids(prompt, chat_format=chat_format, parse_special=parse_special, system=system)
+        if not keep_cache or not self.session.in_sync():
+            self.session.reset()
+        return self._generation(ids, **sampling)
+
+    def complete(self, prompt: str | bytes | Sequence[int] = "", **kwargs) -> Completion:
+        """``generate`` run to the end: a Completion(text, ids, stop_reason, prompt_ids, timing)."""
+        return self.generate(prompt, **kwargs).complete()
+
+    def chat(self, messages: Sequence[dict], **sampling) -> Generation:
+        """Start the model's reply to ``messages`` ([{"role": "system" |
+        "user" | "assistant", "content": str}, ...]) in its chat template;
+        streams like ``generate`` and takes the same keywords. The KV cache
+        positions this chat shares with the last one run on the model (the
+        earlier turns) are reused, not run again."""
+        ids = self.chat_ids(messages)
+        kept = self.session.reuse_prefix(ids)
+        return self._generation(ids[kept:], **sampling)
+
+    def chat_complete(self, messages: Sequence[dict], **sampling) -> Completion:
+        """``chat`` run to the end: the reply as a Completion."""
+        return self.chat(messages, **sampling).complete()
 
     def logits(self, prompt: str | bytes | Sequence[int], position: int = -1,
                observer: Observer | None = None) -> np.ndarray:
@@ -200,5 +265,7 @@ class Model:
         if isinstance(position, bool) or not isinstance(position, int) or not -n <= position < n:
             raise ParameterError(f"position = {position!r}, must be in [-{n}, {n}) for a {n}-token prompt")
         end = position % n + 1
-        self.engine.reset()
-        return np.array(self.engine.prefill(ids[:end], observer), copy=True)
+        self.session.reset()
+        out = np.array(self.engine.prefill(ids[:end], observer), copy=True)
+        self.session.ids = ids[:end]
+        return out

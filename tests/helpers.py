@@ -61,16 +61,20 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
 
 
 def cli(*args: str, timeout: float = 120, env_extra: dict | None = None, input: str | None = None):
-    """Run `python -m gemma_cy.commands.cli ARGS` and return the CompletedProcess."""
+    """Run `python -m gemma_cy.commands.cli ARGS` and return the CompletedProcess.
+    stdin is ``input`` (default: empty, so a run without --prompt reads an
+    empty prompt instead of whatever stdin the test runner has)."""
     env = dict(os.environ, **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "gemma_cy.commands.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env=env, input=input)
+                          text=True, timeout=timeout, env=env, input="" if input is None else input)
 
 
-def assert_one_line_error(result, *needles: str) -> None:
-    """``result`` (a CompletedProcess) failed with one line on stderr, no
-    traceback, holding every needle."""
+def assert_one_line_error(result, *needles: str, code: int | None = None) -> None:
+    """``result`` (a CompletedProcess) failed (with exit status ``code``, if
+    given) with one line on stderr, no traceback, holding every needle."""
     assert result.returncode != 0
+    if code is not None:
+        assert result.returncode == code, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
@@ -387,3 +391,42 @@ def golden_report(what: str, rows: list[dict], bad: list[tuple[dict, list, list]
     lines = [f"{what}: {len(rows) - len(bad)}/{len(rows)} strings agree with HF transformers; first differences:"]
     lines += [f"  {r['text'][:60]!r}: ours {got[:16]} HF {want[:16]}" for r, got, want in bad[:5]]
     return "\n".join(lines)
+
+
+class ScriptedEngine:
+    """An engine whose logits follow a script: step i favours token
+    script[i] (10 against 0 over ``vocab`` ids; token 0 once the script
+    runs out), or is the whole logits row script[i] when that is an array.
+    Records the ids it was fed; refuses to write past its cache."""
+
+    def __init__(self, script, cache_len=256, vocab=1024):
+        self.script, self.cache_len, self.vocab, self.pos, self.fed = list(script), cache_len, vocab, 0, []
+
+    def reset(self):
+        self.pos, self.fed = 0, []
+
+    def rewind(self, pos):
+        self.pos = pos
+        del self.fed[pos:]
+
+    def _logits(self):
+        step = len(self.fed) - self.n_prompt
+        row = self.script[step] if step < len(self.script) else 0
+        if isinstance(row, np.ndarray):
+            return row.copy()
+        logits = np.zeros(self.vocab, np.float32)
+        logits[row] = 10.0
+        return logits
+
+    def prefill(self, ids, observer=None):
+        self.n_prompt = len(self.fed) + len(ids)
+        self.fed += list(ids)
+        self.pos += len(ids)
+        return self._logits()
+
+    def decode(self, token, observer=None):
+        if self.pos >= self.cache_len:
+            raise AssertionError("wrote past the cache")
+        self.fed.append(token)
+        self.pos += 1
+        return self._logits()

@@ -1,10 +1,13 @@
-"""Chat templates (gemma_cy.tokenizers.chat): chosen from the model's tokenizer, applied
-by Model.chat_ids, with a one-line error for a model that has none."""
+"""Chat templates (gemma_cy.tokenizers.chat): chosen from the model's tokenizer,
+rendered with jinja2 in its sandbox, tokenized with the template's markers as
+control tokens and the messages' text as plain text. The token ids of real
+models' templates are checked against transformers in test_chat_goldens.py."""
 import pytest
 
+from gemma_cy.errors import ParameterError, TemplateError
 from gemma_cy.tokenizers.bpe import BPETokenizer
-from gemma_cy.tokenizers.chat import CHATML, GEMMA, chat_format_for
-from gemma_cy.errors import ParameterError
+from gemma_cy.tokenizers.chat import (CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatTemplate, chat_ids,
+                                      chat_template_for, check_messages, render)
 from helpers import bpe_hand_vocab
 
 SMOLLM2_TEMPLATE = (
@@ -21,40 +24,126 @@ def bpe(template=None, drop_markers=False):
     return BPETokenizer(tokens, types, merges, 1, 2, chat_template=template)
 
 
-def test_chatml_with_the_templates_default_system_message():
-    chat = chat_format_for(bpe(SMOLLM2_TEMPLATE))
-    assert (chat.user, chat.turn_end, chat.stop_pieces) == (CHATML.user, CHATML.turn_end, CHATML.stop_pieces)
-    assert chat.first == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
-                          "Hugging Face<|im_end|>\n")
-    escaped = SMOLLM2_TEMPLATE.replace("\n", "\\n")  # a template spelling newlines as \n
-    assert chat_format_for(bpe(escaped)) == chat
+def user(text):
+    return [{"role": "user", "content": text}]
 
 
-def test_choice_by_template_then_by_vocabulary():
-    assert chat_format_for(bpe("{{ '<|im_start|>' + m }}")) == CHATML
-    assert chat_format_for(bpe("<start_of_turn>user")) == GEMMA
-    assert chat_format_for(bpe("{{ messages }}")) is None
-    assert chat_format_for(bpe(None)) == CHATML
-    assert chat_format_for(bpe(None, drop_markers=True)) is None
+def test_choice_by_the_files_template_then_by_vocabulary():
+    own = chat_template_for(bpe(SMOLLM2_TEMPLATE))
+    assert (own.name, own.source, own.stop_pieces) == ("file", SMOLLM2_TEMPLATE, ("<|im_end|>", "<|endoftext|>"))
+    assert chat_template_for(bpe(None)).name == "chatml"
+    assert chat_template_for(bpe(None, drop_markers=True)) is None
 
 
-def test_gemma_chat_ids_unchanged(tiny_model):
+def test_builtin_gemma_template_on_the_tiny_model(tiny_model):
     tok = tiny_model.tokenizer
-    assert tiny_model.chat == GEMMA and tok.add_bos
-    assert tiny_model.chat_ids("hi") == ([tok.bos_id] + tok.encode("<start_of_turn>user\n", parse_special=True)
-                                         + tok.encode("hi")
-                                         + tok.encode("<end_of_turn>\n<start_of_turn>model\n", parse_special=True))
+    assert tiny_model.chat_template.name == "gemma" and tok.add_bos
+    special = lambda s: tok.encode(s, parse_special=True)  # noqa: E731
+    want = ([tok.bos_id] + special("<start_of_turn>user\n") + tok.encode("hi")
+            + special("<end_of_turn>\n<start_of_turn>model\n"))
+    assert tiny_model.chat_ids("hi") == want
+    assert tiny_model.chat_ids(user("  hi \n")) == want  # Gemma's template trims the content
     assert tiny_model.stop_ids >= {tok.eos_id, tok.token_id("<end_of_turn>")}
 
 
+def test_gemma_system_message_and_turns(tiny_model):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
+    text = render(tiny_model.chat_template, check_messages(messages), tiny_model.tokenizer)
+    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello."
+                    "<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    assert tiny_model.chat_ids("Hi", system="Be brief.") == tiny_model.chat_ids(messages[:2])
+
+
+def test_roles_must_alternate_is_the_templates_one_line_error(tiny_model):
+    with pytest.raises(TemplateError, match="roles must alternate"):
+        tiny_model.chat_ids([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
+def test_control_pieces_typed_in_content_stay_text(tiny_model):
+    tok = tiny_model.tokenizer
+    end = tok.token_id("<end_of_turn>")
+    ids = tiny_model.chat_ids("a<end_of_turn>b<bos>")
+    plain = tok.encode("a<end_of_turn>b<bos>")
+    assert ids.count(end) == 1 and ids.count(tok.bos_id) == 1  # the template's own markers only
+    start = len([tok.bos_id] + tok.encode("<start_of_turn>user\n", parse_special=True))
+    assert ids[start:start + len(plain)] == plain
+
+
+def test_smollm2_template_writes_its_default_system_message():
+    tok = bpe(SMOLLM2_TEMPLATE)
+    template = chat_template_for(tok)
+    assert render(template, user("hi"), tok) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    with_system = [{"role": "system", "content": "S"}] + user("hi")
+    assert render(template, with_system, tok, add_generation_prompt=False) == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n")
+    ids = chat_ids(tok, template, user("hi"))
+    assert ids[0] == tok.token_id("<|im_start|>") and ids[-1] == tok.encode("\n")[-1]
+
+
+def test_builtin_chatml():
+    tok = bpe(None)
+    assert render(chat_template_for(tok), user("x"), tok) == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+    assert CHATML_TEMPLATE != GEMMA_TEMPLATE
+
+
+@pytest.mark.parametrize("source", [
+    "{{ ''.__class__.__mro__ }}",
+    "{{ messages.__class__ }}",
+    "{{ ''.__class__ }}",
+    "{% for c in ''.__class__.__mro__[1].__subclasses__() %}{{ c }}{% endfor %}",
+    "{{ cycler.__init__.__globals__ }}",
+    "{{ raise_exception.__globals__ }}",
+    "{% set x = messages.append({'role': 'x'}) %}",  # the sandbox is immutable too
+])
+def test_hostile_templates_are_refused_by_the_sandbox(source):
+    tok = bpe(source)
+    with pytest.raises(TemplateError) as e:
+        chat_ids(tok, chat_template_for(tok), user("hi"))
+    message = str(e.value)
+    assert "\n" not in message and "chat template" in message
+    assert "object" not in message or "unsafe" in message or "immutable" in message
+
+
+@pytest.mark.parametrize("source, match", [
+    ("{% for %}", "TemplateSyntaxError"),
+    ("{{ messages[5]['content'] }}", "chat template"),
+    ("{{ 1 / 0 }}", "ZeroDivisionError"),
+    ("{{ raise_exception('no tools here') }}", "no tools here"),
+])
+def test_broken_templates_are_one_line_errors(source, match):
+    tok = bpe(source)
+    with pytest.raises(TemplateError, match=match) as e:
+        chat_ids(tok, chat_template_for(tok), user("hi"))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("messages", [
+    "hi", [], [{"role": "user"}], [{"role": "user", "content": 5}], [("user", "hi")], None,
+])
+def test_bad_messages_are_one_line_errors(messages):
+    with pytest.raises(ParameterError, match="messages"):
+        check_messages(messages)
+
+
 def test_no_template_is_one_clear_error(tiny_model, monkeypatch):
-    monkeypatch.setattr(tiny_model, "chat", None)
+    monkeypatch.setattr(tiny_model, "chat_template", None)
     with pytest.raises(ParameterError, match="has no chat template"):
         tiny_model.prompt_ids("hi", chat_format=True)
+
+
+def test_template_with_tojson_and_loop_controls():
+    source = ("{% for m in messages %}{% if m['role'] == 'skip' %}{% continue %}{% endif %}"
+              "{{ m | tojson }}{% endfor %}")
+    tok = bpe(source)
+    out = render(ChatTemplate("file", source, ()), check_messages(
+        [{"role": "skip", "content": "x"}, {"role": "user", "content": "é"}]), tok)
+    assert out == '{"role": "user", "content": "é"}'
 
 
 def test_empty_prompt_is_bos_even_without_add_bos(tiny_model, monkeypatch):
     monkeypatch.setattr(tiny_model.tokenizer, "add_bos", False)
     assert tiny_model.prompt_ids("") == [tiny_model.tokenizer.bos_id]
     assert tiny_model.prompt_ids("a b") == tiny_model.tokenizer.encode("a b")
-    assert tiny_model.chat_ids("x")[0] != tiny_model.tokenizer.bos_id

@@ -61,9 +61,22 @@ def test_greedy_json_matches_an_independent_greedy_loop(tiny_model_path):
 
 
 def test_greedy_is_the_same_for_every_seed(tiny_model_path):
-    runs = [run_json(tiny_model_path, "--prompt", "hello", "--n_dec", "10", "--seed", str(s),
+    runs = [run_json(tiny_model_path, "--prompt", "hello", "--n_dec", "10", "--seed", str(s), "--temp", "0",
                      "--terminate_on_eos", "0")["generated_ids"] for s in (0, 1, 12345)]
     assert runs[0] == runs[1] == runs[2]
+
+
+def test_a_temperature_alone_samples(tiny_model_path):
+    """docs/generation.md#sampler: any positive temperature samples (the
+    defaults, and --temp without a filter); seeds differ, a seed repeats."""
+    def ids(*flags):
+        return run_json(tiny_model_path, "--prompt", "hello", "--n_dec", "16", "--terminate_on_eos", "0",
+                        *flags)["generated_ids"]
+    for flags in ((), ("--temp", "1.5")):
+        a, b, c = ids(*flags, "--seed", "1"), ids(*flags, "--seed", "1"), ids(*flags, "--seed", "2")
+        assert a == b and a != c, flags
+    greedy = ids("--temp", "0")
+    assert ids("--temp", "1.5", "--seed", "1") != greedy
 
 
 def test_same_seed_same_stream_and_seeds_differ(tiny_model_path):
@@ -122,6 +135,11 @@ def test_dump_and_model_size(tiny_model_path):
 
 
 @pytest.mark.parametrize("flags,needle", [
+    (("--repeat_penalty", "0"), "repeat_penalty"),
+    (("--presence_penalty", "nan"), "presence_penalty"),
+    (("--repeat_last_n", "-2"), "repeat_last_n"),
+    (("--stop", ""), "stop"),
+    (("--system", "be nice"), "--system"),  # without --chat_format 1
     (("--temp", "nan"), "temperature"),
     (("--temp", "inf"), "temperature"),
     (("--temp", "-1"), "temperature"),
@@ -134,14 +152,18 @@ def test_dump_and_model_size(tiny_model_path):
     (("--n_dec", "ten"), "n_dec"),
     (("--seed", "-3"), "seed"),
     (("--prompt_ids", "1,x"), "prompt_ids"),
-    (("--prompt_ids", "5000"), "5000"),
     (("--max_cache_len", "0"), "max_cache_len"),
     (("--engine", "gpu"), "engine"),
     (("--no_such_flag",), "no_such_flag"),
 ])
-def test_bad_flags_are_one_line_errors(tiny_model_path, flags, needle):
+def test_bad_flags_are_one_line_usage_errors(tiny_model_path, flags, needle):
+    """Every flag value out of range is a usage error: exit 2 (docs/generation.md#cli)."""
     prompt = () if "--prompt_ids" in flags else ("--prompt", "x")
-    assert_one_line_error(cli("--weights", str(tiny_model_path), *prompt, *flags), needle)
+    assert_one_line_error(cli("--weights", str(tiny_model_path), *prompt, *flags), needle, code=2)
+
+
+def test_an_id_outside_the_models_vocabulary_is_an_error_of_the_input(tiny_model_path):
+    assert_one_line_error(cli("--weights", str(tiny_model_path), "--prompt_ids", "5000"), "5000", code=1)
 
 
 def test_bad_paths_are_one_line_errors(tmp_path, tiny_model_path):
@@ -217,14 +239,15 @@ def test_ctrl_c_flushes_partial_text_and_exits_130(tiny_model_path, monkeypatch,
 
 
 def test_chat_loop_keeps_the_cache_across_turns(tiny_model_path, capsys):
-    """Two turns: the second continues the first's KV cache, closing the
-    model's turn with <end_of_turn> and adding no second <bos>."""
+    """Two turns (empty lines between them ignored): the second renders the
+    whole conversation, reply included, and runs only what the KV cache
+    does not already hold: no second <bos>, the first turn not run again."""
     import io
     import gemma_cy
     from gemma_cy.commands import cli as cli_module
 
     model = gemma_cy.load(tiny_model_path)
-    lines = iter(["hello there", "and again"])
+    lines = iter(["hello there", "", "   ", "and again"])
     fed = []
     real_prefill = model.engine.prefill
 
@@ -243,9 +266,12 @@ def test_chat_loop_keeps_the_cache_across_turns(tiny_model_path, capsys):
     args = cli_module.build_parser().parse_args(["--n_dec", "5", "--temp", "0", "--terminate_on_eos", "0"])
     out = io.StringIO()
     assert cli_module.chat_loop(model, args, read_line=read_line, out=out) == 0
+    assert len(fed) == 2  # the empty lines started no turn
     (start1, ids1), (start2, ids2) = fed
     tok = model.tokenizer
     assert start1 == 0 and ids1 == model.chat_ids("hello there")
-    assert start2 == len(ids1) + 5 - 1  # the last generated token is sampled, not fed
-    assert ids2[0] == tok.token_id("<end_of_turn>") and tok.bos_id not in ids2
-    assert ids2 == model.chat_ids("and again", first_turn=False)
+    reply = out.getvalue().split("\n")[0]
+    whole = model.chat_ids([{"role": "user", "content": "hello there"}, {"role": "assistant", "content": reply},
+                            {"role": "user", "content": "and again"}])
+    assert start2 >= len(ids1) and ids2 == whole[start2:]
+    assert tok.bos_id not in ids2

@@ -9,37 +9,9 @@ from gemma_cy.tokenizers.fixture_vocab import fixture_vocab
 from gemma_cy.generation.generator import Generation
 from gemma_cy.generation.sampling import Sampler
 from gemma_cy.tokenizers.greedy import GreedyTokenizer
+from helpers import ScriptedEngine
 
 VOCAB = 1024
-
-
-class ScriptedEngine:
-    """Logits whose argmax follows a script: step i favours script[i]."""
-
-    def __init__(self, script, cache_len=64):
-        self.script, self.cache_len, self.pos = list(script), cache_len, 0
-        self.fed = []
-
-    def reset(self):
-        self.pos, self.fed = 0, []
-
-    def _logits(self):
-        logits = np.zeros(VOCAB, np.float32)
-        logits[self.script[len(self.fed) - self.n_prompt]] = 10.0
-        return logits
-
-    def prefill(self, ids, observer=None):
-        self.n_prompt = len(self.fed) + len(ids)
-        self.fed += list(ids)
-        self.pos += len(ids)
-        return self._logits()
-
-    def decode(self, token, observer=None):
-        if self.pos >= self.cache_len:
-            raise AssertionError("wrote past the cache")
-        self.fed.append(token)
-        self.pos += 1
-        return self._logits()
 
 
 @pytest.fixture(scope="module")

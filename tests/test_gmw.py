@@ -132,7 +132,7 @@ def test_views_are_read_only_and_zero_copy(small_file, small_config):
 
 
 def test_layout_matches_weights_names_and_closed_form_size():
-    for name in ("tiny", "small", "270m"):
+    for name in ("tiny", "small", "270m-gmw1"):
         c = preset_config(name)
         layout = gmw_layout(c)
         shapes = expected_shapes(c)

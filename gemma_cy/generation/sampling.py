@@ -1,8 +1,8 @@
 """Choosing the next token from a logits vector (docs/generation.md#sampler); both engines use it.
 
 ``SplitMix64`` is the random stream; ``Sampler`` turns logits into one token
-id, either greedily (argmax) or by drawing one uniform from a filtered,
-renormalized distribution.
+id, either greedily (argmax, temperature 0) or by drawing one uniform from a
+filtered, renormalized distribution (any positive temperature).
 
 Sampling, step by step (V = vocabulary size):
 
@@ -189,27 +189,30 @@ def _min_p(w: np.ndarray, ids: np.ndarray | None, min_p: float) -> np.ndarray:
     return _as_ids(np.flatnonzero(_subset(w, ids) >= bound), ids)
 
 
+# The defaults of the API and CLI (docs/generation.md#sampler): llama.cpp's
+# temperature and Min-P; top-k and top-p off, so that the seed engine's Min-P
+# runs (--temp T --minp P) draw exactly the seed's tokens.
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_MIN_P = 0.05
+
+
 class Sampler:
     """Greedy or filtered temperature sampling over a logits vector (docs/generation.md#sampler).
 
-    temperature: finite, >= 0. Exactly 0 means greedy. docs/generation.md#sampler reads
-        "temperature <= 0 means greedy", but docs/errors.md#case-21 asks that a
-        negative temperature be rejected: we follow row 21, so only 0 is
-        greedy and anything below it raises ``ParameterError``.
+    temperature: finite, >= 0. Exactly 0 means greedy; any positive value
+        samples. A negative temperature is refused (docs/errors.md#case-21).
     min_p: None (off) or in [0, 1]; 0 keeps every token.
     top_k: None (off) or an integer >= 0; 0 keeps every token.
     top_p: None (off) or in (0, 1]; 1 keeps every token.
     seed: integer in [0, 2**64) for the SplitMix64 stream ``self.rng``.
 
-    The sampler is greedy when temperature == 0 or when none of min_p, top_k,
-    top_p is given (not None): the seed's default, where a temperature alone
-    decodes greedily. Any of them given, even as the keep-everything value
-    (``min_p=0``, ``top_k=0``, ``top_p=1``), turns sampling on.
+    A bare ``Sampler()`` samples at DEFAULT_TEMPERATURE over the whole
+    softmax; the API and CLI add ``min_p=DEFAULT_MIN_P``.
     """
 
     def __init__(
         self,
-        temperature: float = 0.7,
+        temperature: float = DEFAULT_TEMPERATURE,
         min_p: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
@@ -235,19 +238,13 @@ class Sampler:
 
     @property
     def is_greedy(self) -> bool:
-        """True when ``sample`` returns the argmax and draws no uniform."""
-        no_filter = self.min_p is None and self.top_k is None and self.top_p is None
-        return self.temperature == 0.0 or no_filter
+        """True when ``sample`` returns the argmax and draws no uniform: temperature 0."""
+        return self.temperature == 0.0
 
     def describe(self) -> str:
         """One line for the CLI's stderr: the mode and every setting in use."""
-        if self.temperature == 0.0:
-            return "greedy (temperature 0)"
         if self.is_greedy:
-            return (
-                f"greedy (temperature {self.temperature:g} unused: "
-                "no min_p, top_k or top_p given)"
-            )
+            return "greedy (temperature 0)"
         parts = [f"temperature {self.temperature:g}"]
         if self.top_k is not None:
             parts.append(f"top_k {self.top_k}" + (" (off)" if self.top_k == 0 else ""))

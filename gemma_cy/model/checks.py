@@ -114,6 +114,14 @@ class CheckedEngine:
         """Forget every position: the next prefill starts at position 0."""
         self.pos = 0
 
+    def rewind(self, pos: int) -> None:
+        """Forget positions ``pos`` and later (0 <= pos <= self.pos): the next
+        prefill starts at ``pos``, reusing the cached positions before it."""
+        pos = operator.index(pos)
+        if not 0 <= pos <= self.pos:
+            raise TokenIndexError(f"rewind to position {pos}: only 0 .. {self.pos} are filled")
+        self.pos = pos
+
     def forward(self, token: int, pos: int, observer: Observer | None = None) -> np.ndarray:
         """Run ``token`` at position ``pos`` (0 <= pos <= self.pos) and return
         its logits (vocab,) f32. Positions after ``pos`` are forgotten

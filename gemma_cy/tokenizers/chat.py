@@ -1,66 +1,236 @@
-"""Chat templates: how one user turn is wrapped, and which pieces end a turn.
+"""Chat templates: a list of messages -> the token ids a model's chat expects (docs/generation.md#chat).
 
-A model family's template is data (``ChatFormat``), chosen from the model's
-own tokenizer: the Jinja ``tokenizer.chat_template`` a GGUF carries when the
-tokenizer kept it, else the turn markers its vocabulary has. Only the
-template's own markers are control tokens; the user's text stays plain text.
+A GGUF carries its model's Jinja template (``tokenizer.chat_template``); it
+is rendered as transformers and llama-cpp-python render it, with jinja2,
+but in jinja2's **immutable sandbox**: a template is code inside a file
+downloaded from anywhere, so it may loop and branch over the messages but
+never reach a Python object's internals (any attribute starting with "_"
+is an error here, not a silent empty string). Files without a template
+(GMW1, GMT1 vocabularies, a GGUF that left it out, as the packaged Gemma 3
+base model does) get a built-in one chosen by the turn markers in their
+vocabulary: Gemma 3's own template, or plain ChatML.
 
-* Gemma: ``<start_of_turn>user\\n{prompt}<end_of_turn>\\n<start_of_turn>model\\n``,
-  BOS first; the turn ends at ``<end_of_turn>``.
-* ChatML (SmolLM2): ``<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n``;
-  the turn ends at ``<|im_end|>`` (or ``<|endoftext|>``). A template that
-  writes a default system message when the chat has none (SmolLM2's:
-  "You are a helpful AI assistant named SmolLM, trained by Hugging Face")
-  gets it before the first turn, as the template renders it.
+The rendered text is tokenized with the template's markers as control
+tokens (transformers' ``apply_chat_template(..., tokenize=True)``), with one
+difference: a control piece that a message's *content* spells out
+(``<end_of_turn>`` typed by a user) stays plain text, as everywhere else in
+gemma-cy (docs/errors.md#case-20).
 """
 from __future__ import annotations
 
+import datetime
+import functools
+import json
 import re
 from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ..errors import ParameterError, TemplateError
+
+# Gemma 3's chat template, as Google ships it with the instruction-tuned
+# models: a system message becomes the start of the first user turn; roles
+# must alternate; the assistant's role is called "model"; content is trimmed.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\\n'}}\n"
+    "{%- endif -%}\n"
+)
+
+# Plain ChatML, for a vocabulary with its markers but no template of its own.
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+# The pieces that end a model's turn, by the marker a template uses.
+_TURN_ENDS = (("<end_of_turn>", ("<end_of_turn>",)), ("<|im_end|>", ("<|im_end|>", "<|endoftext|>")))
 
 
 @dataclass(frozen=True)
-class ChatFormat:
-    """One family's template. ``user`` holds ``{prompt}``; ``first`` comes
-    before the first turn only (after BOS, if the model adds BOS); ``turn_end``
-    closes the model's previous turn before a later user turn (generation
-    stops on it without feeding it to the cache); ``stop_pieces`` end a turn."""
+class ChatTemplate:
+    """A Jinja chat template: ``name`` is "file" (the model file's own),
+    "gemma" or "chatml" (built in); ``stop_pieces`` end the model's turn."""
 
     name: str
-    user: str
-    turn_end: str
+    source: str
     stop_pieces: tuple[str, ...]
-    first: str = ""
 
 
-GEMMA = ChatFormat("gemma", "<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n",
-                   "<end_of_turn>\n", ("<end_of_turn>",))
-CHATML = ChatFormat("chatml", "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n",
-                    "<|im_end|>\n", ("<|im_end|>", "<|endoftext|>"))
-
-# A constant default system message in a ChatML Jinja template; "\n" may be
-# a newline or the two characters backslash, n.
-_DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system(?:\n|\\n)([^<>{}'\"]*?)<\|im_end\|>")
+def _stop_pieces(source: str) -> tuple[str, ...]:
+    for marker, pieces in _TURN_ENDS:
+        if marker in source:
+            return pieces
+    return ()
 
 
-def chat_format_for(tokenizer) -> ChatFormat | None:
-    """The ChatFormat of ``tokenizer``'s model, or None when it has none: by
-    its ``chat_template`` text if it has one, else by the markers in its
-    vocabulary (``<start_of_turn>`` -> Gemma, ``<|im_start|>`` -> ChatML)."""
-    template = getattr(tokenizer, "chat_template", None)
-    if template:
-        if "<|im_start|>" in template:
-            m = _DEFAULT_SYSTEM.search(template)
-            if m is None:
-                return CHATML
-            system = m.group(1).replace("\\n", "\n")
-            return ChatFormat(CHATML.name, CHATML.user, CHATML.turn_end, CHATML.stop_pieces,
-                              first=f"<|im_start|>system\n{system}<|im_end|>\n")
-        if "<start_of_turn>" in template:
-            return GEMMA
-        return None
+def chat_template_for(tokenizer) -> ChatTemplate | None:
+    """The template of ``tokenizer``'s model: the file's own if it has one,
+    else a built-in one by the markers in its vocabulary, else None."""
+    source = getattr(tokenizer, "chat_template", None)
+    if source:
+        return ChatTemplate("file", source, _stop_pieces(source))
     if tokenizer.token_id("<start_of_turn>") is not None:
-        return GEMMA
+        return ChatTemplate("gemma", GEMMA_TEMPLATE, _stop_pieces(GEMMA_TEMPLATE))
     if tokenizer.token_id("<|im_start|>") is not None:
-        return CHATML
+        return ChatTemplate("chatml", CHATML_TEMPLATE, _stop_pieces(CHATML_TEMPLATE))
     return None
+
+
+def check_messages(messages) -> list[dict]:
+    """``messages`` as a list of {"role": str, "content": str} dicts; ParameterError otherwise."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ParameterError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts, "
+                             f"got {type(messages).__name__}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ParameterError(f"messages[{i}] must be a dict with a string 'role' and a string 'content', "
+                                 f"got {m!r:.80}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def _raise_exception(message):
+    raise TemplateError(f"chat template: {message}")
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt):
+    return datetime.datetime.now().strftime(fmt)
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(source: str):
+    """The template compiled in an immutable sandbox, with the globals and
+    filters HF chat templates use (raise_exception, strftime_now, tojson)."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class LoudUnsafeUndefined(jinja2.Undefined):
+        """The sandbox answers an unsafe attribute with an Undefined that
+        prints as ""; here it is an error at once."""
+
+        def __init__(self, hint=None, obj=jinja2.utils.missing, name=None, exc=jinja2.exceptions.UndefinedError):
+            if exc is jinja2.exceptions.SecurityError:
+                raise jinja2.exceptions.SecurityError(hint or f"access to {name!r} is unsafe")
+            super().__init__(hint, obj, name, exc)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=LoudUnsafeUndefined,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.exceptions.TemplateError as e:
+        raise TemplateError(f"chat template: {type(e).__name__}: {e}") from None
+
+
+def render(template: ChatTemplate, messages: list[dict], tokenizer, add_generation_prompt: bool = True) -> str:
+    """The template's text for ``messages`` (checked), with bos_token and
+    eos_token spelled as the tokenizer's vocabulary spells them."""
+    import jinja2
+
+    compiled = _compile(template.source)
+    try:
+        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               bos_token=_spelling(tokenizer, tokenizer.bos_id),
+                               eos_token=_spelling(tokenizer, tokenizer.eos_id))
+    except TemplateError:
+        raise
+    except jinja2.exceptions.SecurityError as e:
+        raise TemplateError(f"chat template refused by the sandbox: {e}") from None
+    except (jinja2.exceptions.TemplateError, TypeError, ValueError, LookupError, AttributeError,
+            ArithmeticError, RecursionError) as e:
+        raise TemplateError(f"chat template: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") \
+            from None
+
+
+def _spelling(tokenizer, token_id: int | None) -> str:
+    """How the vocabulary spells ``token_id`` (a control token decodes to nothing)."""
+    if token_id is None:
+        return ""
+    for piece in tokenizer.control_pieces():
+        if tokenizer.token_id(piece) == token_id:
+            return piece
+    return tokenizer.decode([token_id])
+
+
+@functools.lru_cache(maxsize=8)
+def _control_pattern(pieces: tuple[str, ...]) -> re.Pattern | None:
+    return re.compile("|".join(re.escape(p) for p in pieces)) if pieces else None
+
+
+_PLACEHOLDER = 0xF0000  # a private-use plane: placeholders for control pieces typed in content
+
+
+def chat_ids(tokenizer, template: ChatTemplate, messages, add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of ``messages`` in ``template``: the template's markers
+    are control tokens, the messages' text is plain text."""
+    messages = check_messages(messages)
+    pattern = _control_pattern(tokenizer.control_pieces())
+    typed: list[str] = []  # control pieces typed in content, by placeholder index
+
+    def hide(match: re.Match) -> str:
+        typed.append(match.group())
+        return chr(_PLACEHOLDER + len(typed) - 1)
+
+    if pattern is not None:
+        for m in messages:
+            if any(_PLACEHOLDER <= ord(c) < _PLACEHOLDER + 0x10000 for c in m["content"]):
+                raise ParameterError("message content holds characters of Unicode plane 15 (private use), "
+                                     "which gemma-cy reserves for chat rendering")
+            m["content"] = pattern.sub(hide, m["content"])
+    text = render(template, messages, tokenizer, add_generation_prompt)
+    if not typed:
+        return tokenizer.encode(text, parse_special=True)
+    ids: list[int] = []
+    for part in re.split(f"([{chr(_PLACEHOLDER)}-{chr(_PLACEHOLDER + len(typed) - 1)}])", text):
+        if len(part) == 1 and _PLACEHOLDER <= ord(part) < _PLACEHOLDER + len(typed):
+            ids += tokenizer.encode(typed[ord(part) - _PLACEHOLDER], parse_special=False)
+        elif part:
+            ids += tokenizer.encode(part, parse_special=True)
+    return ids

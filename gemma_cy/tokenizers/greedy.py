@@ -187,6 +187,16 @@ class PieceTable:
         """True if ``token_id`` is a control token (decodes to nothing)."""
         return self._control[self._check_id(token_id)]
 
+    def control_pieces(self) -> tuple[str, ...]:
+        """The control pieces' spellings (``<eos>``, ``<start_of_turn>``...),
+        longest first: what special parsing matches in a text."""
+        cached = getattr(self, "_control_pieces", None)
+        if cached is None:
+            control = self._control
+            found = {p.decode("utf-8", "replace") for p, i in self._ids.items() if control[i] and p}
+            cached = self._control_pieces = tuple(sorted(found, key=lambda p: (-len(p), p)))
+        return cached
+
 
 class GreedyTokenizer(PieceTable):
     """Greedy longest-match tokenizer over a ``Vocab`` (the seed's algorithm).
