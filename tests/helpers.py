@@ -279,6 +279,50 @@ def reference_agrees_with_oracle(reference, prompt: dict, golden_dir: Path, rms_
             logits = reference.decode(got)
 
 
+def engine_near_oracle(engine, prompt: dict, golden_dir: Path, rms_limit: float) -> None:
+    """An engine that rounds on purpose (the q8 activation mode) against the
+    oracle's goldens on ``prompt``: last-position logits rms below
+    ``rms_limit``; then greedy tokens equal to the oracle's until they
+    diverge, and a divergence only where the oracle's top-1/top-2 margin is
+    below what the engine's own error explains: 2 * sqrt(2) * rms (two
+    standard deviations of the difference of two logits' errors, rms being
+    the engine's logit error measured on this prompt). The test prints the
+    step, both ids and the margin of every divergence."""
+    engine.reset()
+    logits = engine.prefill(prompt["prompt_ids"])
+    oracle = np.load(golden_dir / prompt["logits_file"])
+    rms = float(np.sqrt(np.mean((logits.astype(np.float64) - oracle) ** 2)))
+    bound = 2 * math.sqrt(2) * rms
+    assert rms < rms_limit, f"{prompt['name']}: last-position logits rms {rms:.4g} >= {rms_limit}"
+    for step, want in enumerate(prompt["greedy_ids"]):
+        got = argmax(logits)
+        if got != want:
+            margin = prompt["step_margins"][step]
+            print(f"{prompt['name']}: rms {rms:.3g}; diverges at step {step}: engine {got}, oracle {want}, "
+                  f"oracle margin {margin:.4g} (bound {bound:.3g})")
+            assert margin < bound, (f"{prompt['name']}: greedy step {step}: engine {got}, oracle {want} at an "
+                                    f"oracle margin of {margin:.4g}, more than the engine's error explains "
+                                    f"({bound:.3g} = 2 sqrt(2) x logits rms {rms:.3g})")
+            return
+        if step + 1 < len(prompt["greedy_ids"]):
+            logits = engine.decode(got)
+    print(f"{prompt['name']}: rms {rms:.3g}; all {len(prompt['greedy_ids'])} greedy tokens agree")
+
+
+def teacher_forced_figures(engine, ids: list[int], oracle_argmax) -> tuple[float, float, int]:
+    """Feed ``ids`` one by one (teacher forcing): (top-1 agreement with
+    ``oracle_argmax``, perplexity of each next id, positions scored)."""
+    engine.reset()
+    argmaxes, nlls = [], []
+    for pos, token in enumerate(ids[:-1]):
+        logits = engine.decode(token).astype(np.float64)
+        argmaxes.append(int(np.argmax(logits)))
+        top = logits.max()
+        nlls.append(top + math.log(float(np.exp(logits - top).sum())) - logits[ids[pos + 1]])
+    agreement = float(np.mean(np.array(argmaxes) == np.asarray(oracle_argmax)[:len(argmaxes)]))
+    return agreement, math.exp(float(np.mean(nlls))), len(nlls)
+
+
 # ---------------------------------------------------------------------------
 # Small models
 

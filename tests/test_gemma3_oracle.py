@@ -5,12 +5,13 @@ scripts/make_model_goldens.py (`make oracle`): transformers 5.24 on torch
 2.13 (CPU, f32, eager attention), loading the same GGUF dequantized to f32.
 Here the reference runs on the same f32 weights (read_gguf_f32), so the two
 are independent implementations of one function. Checks (issue 4):
-last-position logits rms < 0.01 on every prompt, and 64 greedy tokens
+last-position logits rms < 1e-4 on every prompt, and 64 greedy tokens
 identical on every prompt (chat, code, numbers, French, and two prompts
-longer than the 512-token sliding window).
+longer than the 512-token sliding window). The fast engine users run is
+held to the same checks on the original file, and its opt-in q8 activation
+mode to bounds on its cost.
 """
 import json
-import math
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ model_package = pytest.importorskip(
 
 from gemma_cy.formats.gguf_model import read_gguf_f32  # noqa: E402
 from gemma_cy_reference.model import ReferenceEngine  # noqa: E402
-from helpers import GOLDENS, reference_agrees_with_oracle  # noqa: E402
+from helpers import GOLDENS, engine_near_oracle, reference_agrees_with_oracle, teacher_forced_figures  # noqa: E402
 
 GOLDEN = GOLDENS / "gemma3_270m"
 # Last-position logits against transformers: measured rms 3e-6 to 6e-5 (the
@@ -67,19 +68,42 @@ def test_fast_engine_teacher_forced_agreement_and_perplexity(fast):
     BOS first): top-1 agreement with transformers' argmax at least 99.9%
     and the perplexity of the next token equal to transformers' to three
     decimals (measured: 100.00%, 15.8774 against 15.8771)."""
-    ids = TEACHER_FORCED["ids"]
-    want = np.array(TEACHER_FORCED["argmax_ids"])
-    fast.reset()
-    argmaxes, nlls = [], []
-    for pos, token in enumerate(ids[:-1]):
-        logits = fast.decode(token).astype(np.float64)
-        argmaxes.append(int(np.argmax(logits)))
-        top = logits.max()
-        nlls.append(top + math.log(float(np.exp(logits - top).sum())) - logits[ids[pos + 1]])
-    agreement = float(np.mean(np.array(argmaxes) == want[:len(argmaxes)]))
-    perplexity = math.exp(float(np.mean(nlls)))
-    print(f"top-1 agreement {100 * agreement:.2f}% over {len(nlls)} positions, perplexity {perplexity:.4f} "
+    agreement, perplexity, n = teacher_forced_figures(fast, TEACHER_FORCED["ids"], TEACHER_FORCED["argmax_ids"])
+    print(f"top-1 agreement {100 * agreement:.2f}% over {n} positions, perplexity {perplexity:.4f} "
           f"(transformers {TEACHER_FORCED['perplexity']:.4f})")
-    assert len(nlls) >= 2048
+    assert n >= 2048
     assert agreement >= 0.999
     assert round(perplexity, 3) == round(TEACHER_FORCED["perplexity"], 3)
+
+
+# ---------------------------------------------------------------------------
+# The opt-in q8 activation mode on the original file: it rounds every matrix
+# input, so it is held to bounds on its cost, not to equality.
+
+Q8_RMS_LIMIT = 0.5  # last-position logits rms: measured 0.083 to 0.395 (avx512), up to 0.33 (avx2)
+
+
+@pytest.fixture(scope="module")
+def fast_q8():
+    from gemma_cy.fast.engine import FastEngine
+    from gemma_cy.formats.gguf_model import read_gguf
+
+    return FastEngine(read_gguf(model_package.assemble()), 2 * 1024 + 64, activations="q8")
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=[p["name"] for p in PROMPTS])
+def test_q8_mode_follows_transformers_within_its_error(fast_q8, prompt):
+    engine_near_oracle(fast_q8, prompt, GOLDEN, Q8_RMS_LIMIT)
+
+
+def test_q8_mode_teacher_forced_cost(fast_q8):
+    """The README's figures of the q8 mode (96.88% top-1 agreement,
+    perplexity 15.9303 against transformers' 15.8771, on avx512; 97.27% and
+    15.9129 on avx2), held as bounds: at least 96.5% agreement and
+    perplexity within 0.5% of transformers'."""
+    agreement, perplexity, n = teacher_forced_figures(fast_q8, TEACHER_FORCED["ids"],
+                                                      TEACHER_FORCED["argmax_ids"])
+    print(f"q8: top-1 agreement {100 * agreement:.2f}% over {n} positions, perplexity {perplexity:.4f} "
+          f"(transformers {TEACHER_FORCED['perplexity']:.4f})")
+    assert n >= 2048 and agreement >= 0.965
+    assert abs(perplexity / TEACHER_FORCED["perplexity"] - 1) <= 0.005

@@ -8,12 +8,13 @@ package dequantized to f32. Checks:
 * gemma-cy's prompt ids (tokenizer, no BOS, ChatML with SmolLM2's default
   system message) are HF's, for every golden prompt;
 * the NumPy reference on the same f32 weights (read_gguf_f32): last-position
-  logits rms < 0.01 and 64 greedy tokens identical, on every prompt (chat,
+  logits rms < 3e-5 and 64 greedy tokens identical, on every prompt (chat,
   code, numbers, French, JSON, a ~550-token license text);
 * the fast engine on the package's Q4_1 file as stored (what the CLI runs)
   against the reference on the same weights: 64 greedy tokens identical on
   five prompts, every step's logits within docs/numerics.md#tolerances; and
   against transformers on every golden prompt;
+* the opt-in q8 activation mode against transformers, within its own error;
 * the CLI answers a chat question and stops at <|im_end|>.
 """
 import json
@@ -21,10 +22,13 @@ import json
 import pytest
 
 from gemma_cy.errors import GemmaCyError
-from helpers import GOLDENS, cli, greedy_engines_agree, reference_agrees_with_oracle
+from helpers import GOLDENS, cli, engine_near_oracle, greedy_engines_agree, reference_agrees_with_oracle
 
 GOLDEN = GOLDENS / "smollm2_135m"
-RMS_LIMIT = 0.01
+# Last-position logits against transformers: measured rms 5e-6 to 1.6e-5
+# (the reference and every SIMD module); the limit leaves a margin of ~1.9x.
+RMS_LIMIT = 3e-5
+Q8_RMS_LIMIT = 0.8  # the q8 activation mode: measured 0.106 to 0.626 (avx512)
 PROMPTS = json.loads((GOLDEN / "greedy.json").read_text())["prompts"]  # committed: missing is an error
 FAST_PROMPTS = ("chat_capital", "story", "arithmetic", "code_python", "json")  # the shortest: time
 
@@ -108,3 +112,15 @@ def test_cli_chat_answers_and_stops_at_im_end(model_file):
     out = json.loads(result.stdout)
     assert "Paris" in out["text"] and out["stop_reason"] == "eos"
     assert out["prompt_ids"] == next(p["prompt_ids"] for p in PROMPTS if p["name"] == "chat_capital")
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=[p["name"] for p in PROMPTS])
+def test_q8_mode_follows_transformers_within_its_error(model_file, prompt):
+    """The opt-in q8 activation mode on the Q4_1 file: logits rms bounded,
+    greedy tokens diverging only where its own error explains it."""
+    from gemma_cy.fast.engine import FastEngine
+    from gemma_cy.formats.gguf_model import read_gguf
+
+    fast = FastEngine(read_gguf(model_file), len(prompt["prompt_ids"]) + len(prompt["greedy_ids"]) + 1,
+                      activations="q8")
+    engine_near_oracle(fast, prompt, GOLDEN, Q8_RMS_LIMIT)
