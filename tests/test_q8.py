@@ -154,10 +154,16 @@ def test_q8_gemm_matches_the_reference_q8_matrix(isa, kind, rows, cols, T):
         np.testing.assert_array_equal(got[t], ref @ x[t])  # one order everywhere: bit for bit
         for resident in (False, True):  # row after row / four rows at a time
             np.testing.assert_array_equal(got[t], kernels(isa).gemm(w, x[t:t + 1], "q8", resident)[0])
-    # and what the int8 inputs stand for, computed independently in float64
-    xq, xd = quantize_f64(x[0])
-    x_deq = (xq.reshape(-1, 32).astype(np.float64) * xd[:, None].astype(np.float64)).reshape(-1)
-    np.testing.assert_allclose(got[0], w.dequantize().astype(np.float64) @ x_deq, atol=ATOL, rtol=RTOL)
+    # and, at every position, what the int8 inputs stand for, computed
+    # independently in float64: the integer block sums are exact and their
+    # scaling and sum lose at most a few f32 roundings of each block's term
+    w64 = w.dequantize().astype(np.float64)
+    for t in range(T):
+        xq, xd = quantize_f64(x[t])
+        x_deq = (xq.reshape(-1, 32).astype(np.float64) * xd[:, None].astype(np.float64)).reshape(-1)
+        bound = 3 * 2.0 ** -24 * (np.abs(w64) @ np.abs(x_deq))
+        err = np.abs(got[t].astype(np.float64) - w64 @ x_deq)
+        assert np.all(err <= bound), (t, float(np.max(err - bound)))
 
 
 @ISA
@@ -258,12 +264,16 @@ def test_q8_greedy_64_tokens_identical_chat_format(tiny, tiny_model):
 
 
 def test_q8_is_not_the_f32_path(tiny, tiny_model):
-    """The mode changes the numbers (it quantizes), by about its own error."""
-    ids = tiny_model.prompt_ids("Once upon a time")
-    f32 = FastEngine(tiny, 64).prefill(ids)
-    q8 = FastEngine(tiny, 64, activations="q8").prefill(ids)
-    assert not np.array_equal(f32, q8)
-    assert np.max(np.abs(f32 - q8)) < 0.05 * np.max(np.abs(f32))
+    """The mode changes the numbers (it quantizes), by about its own error,
+    at every position: on the tiny fixture the logits move by 1.6% to 3.6%
+    of their largest value (measured over three prompts); the bounds are
+    0.5% and 5%."""
+    for prompt in ("Once upon a time", "The cat sat on the mat"):
+        f32, q8 = FastEngine(tiny, 64), FastEngine(tiny, 64, activations="q8")
+        for token in tiny_model.prompt_ids(prompt):
+            a, b = f32.decode(token), q8.decode(token)
+            moved = np.max(np.abs(a - b)) / np.max(np.abs(a))
+            assert 0.005 < moved < 0.05, (prompt, moved)
 
 
 @ISA
