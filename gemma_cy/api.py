@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from typing import Sequence
 
 import numpy as np
@@ -34,6 +35,8 @@ def read_magic(path: str) -> bytes:
         raise ModelFormatError(f"{path}: no such file")
     if os.path.isdir(path):
         raise ModelFormatError(f"{path}: is a directory, expected a file")
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, /dev/zero never end
+        raise ModelFormatError(f"{path}: not a regular file (a pipe, socket or device), expected a model file")
     try:
         with open(path, "rb") as f:
             return f.read(4)

