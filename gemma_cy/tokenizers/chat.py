@@ -22,6 +22,8 @@ import datetime
 import functools
 import json
 import re
+import sys
+import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -141,12 +143,26 @@ def _strftime_now(fmt):
     return datetime.datetime.now().strftime(fmt)
 
 
+# What one rendering may cost. A template is code from a downloaded file:
+# besides the sandbox's rules, it gets a deadline, an output size and a size
+# for any string or list that * or + builds (so "{{ 'a' * 10**10 }}" fails at
+# once instead of allocating 10 GB).
+MAX_RENDER_SECONDS = 2.0
+MAX_RENDER_CHARS = 1 << 20
+MAX_BUILT_ITEMS = 1 << 20
+
+
+def _size(value) -> int | None:
+    return len(value) if isinstance(value, (str, bytes, list, tuple)) else None
+
+
 @functools.lru_cache(maxsize=8)
 def _compile(source: str):
     """The template compiled in an immutable sandbox, with the globals and
     filters HF chat templates use (raise_exception, strftime_now, tojson)."""
     import jinja2
     import jinja2.ext
+    from jinja2.exceptions import SecurityError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class LoudUnsafeUndefined(jinja2.Undefined):
@@ -154,12 +170,31 @@ def _compile(source: str):
         prints as ""; here it is an error at once."""
 
         def __init__(self, hint=None, obj=jinja2.utils.missing, name=None, exc=jinja2.exceptions.UndefinedError):
-            if exc is jinja2.exceptions.SecurityError:
-                raise jinja2.exceptions.SecurityError(hint or f"access to {name!r} is unsafe")
+            if exc is SecurityError:
+                raise SecurityError(hint or f"access to {name!r} is unsafe")
             super().__init__(hint, obj, name, exc)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=LoudUnsafeUndefined,
-                                        extensions=[jinja2.ext.loopcontrols])
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        """Repetition, concatenation and powers whose results would be huge are refused."""
+
+        intercepted_binops = frozenset({"*", "+", "**"})
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)):
+                if abs(right) > 64 and abs(left) > 1:
+                    raise SecurityError(f"{left!r} ** {right!r}: the result would be too large")
+            elif operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if _size(seq) is not None and isinstance(n, int) and _size(seq) * n > MAX_BUILT_ITEMS:
+                        raise SecurityError(f"repeating {_size(seq)} items {n} times: more than {MAX_BUILT_ITEMS}")
+            elif operator == "+" and _size(left) is not None and _size(right) is not None:
+                if _size(left) + _size(right) > MAX_BUILT_ITEMS:
+                    raise SecurityError(f"joining {_size(left)} and {_size(right)} items: more than "
+                                        f"{MAX_BUILT_ITEMS}")
+            return super().call_binop(context, operator, left, right)
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, undefined=LoudUnsafeUndefined,
+                         extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -167,26 +202,54 @@ def _compile(source: str):
         return env.from_string(source)
     except jinja2.exceptions.TemplateError as e:
         raise TemplateError(f"chat template: {type(e).__name__}: {e}") from None
+    except (RecursionError, MemoryError, ValueError) as e:  # a parser pushed past its limits
+        raise TemplateError(f"chat template: cannot be compiled: {type(e).__name__}") from None
+
+
+class _Deadline:
+    """A trace function that stops a rendering past its deadline (template
+    code is plain Python once compiled: every line it runs is seen)."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+        self.count = 0
+
+    def __call__(self, frame, event, arg):
+        self.count += 1
+        if self.count % 256 == 0 and time.monotonic() > self.end:
+            raise TemplateError(f"chat template: rendering took more than {MAX_RENDER_SECONDS:g} s")
+        return self
 
 
 def render(template: ChatTemplate, messages: list[dict], tokenizer, add_generation_prompt: bool = True) -> str:
     """The template's text for ``messages`` (checked), with bos_token and
-    eos_token spelled as the tokenizer's vocabulary spells them."""
+    eos_token spelled as the tokenizer's vocabulary spells them; within
+    MAX_RENDER_SECONDS and MAX_RENDER_CHARS."""
     import jinja2
 
     compiled = _compile(template.source)
+    parts, size = [], 0
+    previous = sys.gettrace()
+    sys.settrace(_Deadline(MAX_RENDER_SECONDS))
     try:
-        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=_spelling(tokenizer, tokenizer.bos_id),
-                               eos_token=_spelling(tokenizer, tokenizer.eos_id))
+        for part in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                      bos_token=_spelling(tokenizer, tokenizer.bos_id),
+                                      eos_token=_spelling(tokenizer, tokenizer.eos_id)):
+            size += len(part)
+            if size > MAX_RENDER_CHARS:
+                raise TemplateError(f"chat template: the rendered text passed {MAX_RENDER_CHARS} characters")
+            parts.append(part)
     except TemplateError:
         raise
     except jinja2.exceptions.SecurityError as e:
-        raise TemplateError(f"chat template refused by the sandbox: {e}") from None
+        raise TemplateError(f"chat template refused by the sandbox: {str(e).splitlines()[0]}") from None
     except (jinja2.exceptions.TemplateError, TypeError, ValueError, LookupError, AttributeError,
-            ArithmeticError, RecursionError) as e:
+            ArithmeticError, RecursionError, MemoryError) as e:
         raise TemplateError(f"chat template: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") \
             from None
+    finally:
+        sys.settrace(previous)
+    return "".join(parts)
 
 
 def _spelling(tokenizer, token_id: int | None) -> str:
