@@ -23,6 +23,7 @@ from .formats.gguf_model import read_gguf
 from .formats.gmw import read_gmw
 from .formats.llama2c import is_llama2c_checkpoint, read_llama2c
 from .tokenizers.llama2c import Llama2cTokenizer
+from .generation.evaluation import Evaluation, check_ctx, evaluate
 from .generation.generator import Completion, Generation, Observer
 from .generation.sampling import Sampler
 from .tokenizers.greedy import GreedyTokenizer
@@ -259,12 +260,58 @@ class Model:
         """``chat`` run to the end: the reply as a Completion."""
         return self.chat(messages, **sampling).complete()
 
-    def logits(self, prompt: str | bytes | Sequence[int], position: int = -1,
+    def evaluate(self, text_or_ids: str | bytes | Sequence[int], ctx: int = 512, chunks: int | None = None,
+                 against: "Model | str | None" = None, progress=None) -> Evaluation:
+        """Perplexity over a text, llama-perplexity's way (gemma_cy.generation.evaluation),
+        and, with ``against``, what this model costs against a baseline:
+        another ``Model`` of the same vocabulary, ``"reference"`` (this file on
+        the NumPy reference engine), or ``"f32"`` / ``"q8"`` (this file in that
+        activation mode). ``progress(done, total)`` is called per chunk."""
+        ids = self.tokenize(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else self.prompt_ids(text_or_ids)
+        check_ctx(ctx, len(ids), self.context_len)
+        baseline, name = self._baseline(against, text_or_ids, ids, ctx)
+        self.session.reset()
+        bos = self.tokenizer.bos_id if self.tokenizer.add_bos else None
+        return evaluate(self.engine, ids, ctx, bos, baseline, name, chunks, progress)
+
+    def _baseline(self, against, text_or_ids, ids, ctx):
+        """(engine, name) of the baseline ``against`` names; (None, None) for none."""
+        if against is None:
+            return None, None
+        if isinstance(against, Model):
+            if against.config.vocab_size != self.config.vocab_size:
+                raise ParameterError(f"against: its vocabulary has {against.config.vocab_size} tokens, this "
+                                     f"model's {self.config.vocab_size}: the two cannot be compared")
+            if isinstance(text_or_ids, (str, bytes)) and against.tokenize(text_or_ids) != ids:
+                raise ParameterError("against: the two models tokenize the text differently (another vocabulary)")
+            if against.context_len < ctx:
+                raise ParameterError(f"against: its context of {against.context_len} tokens is less than ctx {ctx}")
+            against.session.reset()
+            return against.engine, against.weights.source or "the other model"
+        activations = getattr(self.engine, "activations", "f32")
+        if against == "reference":
+            return make_engine("reference", self.weights, ctx, activations), "reference engine"
+        if against in ("f32", "q8"):
+            return make_engine(self.engine_name, self.weights, ctx, against), f"{against} activations"
+        raise ParameterError(f"against = {against!r}: expected a Model, 'reference', 'f32' or 'q8'")
+
+    def logits(self, prompt: str | bytes | Sequence[int], position: int | str = -1,
                observer: Observer | None = None) -> np.ndarray:
         """Logits (vocab,) f32 at ``position`` of the prompt (default: the last),
-        computed from a fresh KV cache over the prompt up to that position."""
+        computed from a fresh KV cache over the prompt up to that position.
+        ``position="all"``: the logits of every position, (T, vocab), from
+        one pass over the prompt and one product with the output layer."""
         ids = self.prompt_ids(prompt)
         n = len(ids)
+        if position == "all":
+            if observer is not None:
+                raise ParameterError("logits(position='all') takes no observer: observe one position at a time")
+            self.session.reset()
+            from .generation.generator import check_prompt_fits
+            check_prompt_fits(n - 1, 0, self.context_len)
+            out = self.engine.logits_of(self.engine.states(ids))
+            self.session.ids = list(ids)
+            return out
         if isinstance(position, bool) or not isinstance(position, int) or not -n <= position < n:
             raise ParameterError(f"position = {position!r}, must be in [-{n}, {n}) for a {n}-token prompt")
         end = position % n + 1

@@ -63,6 +63,20 @@ class ReferenceEngine(CheckedEngine):
             out = self._step(token, start + i, observe, want_logits=i == len(ids) - 1)
         return out
 
+    def _states(self, ids: list[int], start: int) -> np.ndarray:
+        """Final-normed states (n, dim) of the checked ``ids`` from ``start``."""
+        rows = []
+        for i, token in enumerate(ids):
+            self._step(token, start + i, no_observer, want_logits=False)
+            rows.append(self.last_state)
+        return np.stack(rows).astype(np.float32, copy=False)
+
+    def logits_of(self, states: np.ndarray) -> np.ndarray:
+        """Logits (T, vocab) of final-normed states (T, dim), row by row as ``_step`` computes them."""
+        with np.errstate(all="ignore"):
+            return np.stack([logits(row, self.weights, self.config) for row in np.asarray(states)]).astype(
+                np.float32, copy=False)
+
     def _step(self, token: int, pos: int, observe: Observer, want_logits: bool = True) -> np.ndarray | None:
         """One position, inputs already checked; returns its logits (None when
         not ``want_logits``); raises NumericalError on a non-finite output,
@@ -80,6 +94,7 @@ class ReferenceEngine(CheckedEngine):
                 if first_bad is None and not np.all(np.isfinite(x)):
                     first_bad = layer
             xn = final_norm(x, w, c)  # (dim,)
+            self.last_state = xn
             observe(c.n_layers, "final_norm", pos, xn)
             out = logits(xn, w, c) if want_logits else None  # (vocab,)
             if out is not None:

@@ -65,6 +65,7 @@ def id_list_flag(text: str) -> list[int]:
 SUBCOMMAND_HELP = """subcommands:
   gemma-cy diff ...      the fast engine against the NumPy reference, op by op (gemma-cy diff --help)
   gemma-cy convert ...   GGUF -> Q8_0 GGUF, or any model -> llama2.c (gemma-cy convert --help)
+  gemma-cy eval ...      perplexity over a text, and KL divergence against a baseline (gemma-cy eval --help)
 
 Without --prompt: piped stdin is the prompt; on a terminal, an interactive chat."""
 
@@ -388,13 +389,76 @@ def run_convert(args) -> int:
     return 0
 
 
+def build_eval_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="gemma-cy eval",
+                      description="Perplexity of a model over a text, llama-perplexity's way (chunks of --ctx "
+                                  "tokens, BOS first, the second half of each scored), and against a baseline: "
+                                  "KL divergence, same top-1, top-5 overlap, delta p.")
+    p.add_argument("-m", "--weights_path", "--weights", dest="weights",
+                   help="weights file (default: Gemma 3 270M, as its package ships it)")
+    p.add_argument("--tok_path", help="tokenizer file (default: as for gemma-cy)")
+    p.add_argument("--text", required=True, help="a UTF-8 text file to score")
+    p.add_argument("--ctx", type=int_flag, default=512, help="tokens per chunk (default 512)")
+    p.add_argument("--chunks", type=int_flag, default=None, help="score at most this many chunks")
+    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help="compute engine")
+    p.add_argument("--activations", choices=ACTIVATION_MODES, default="f32", help="activation mode")
+    base = p.add_mutually_exclusive_group()
+    base.add_argument("--against", metavar="WEIGHTS", help="baseline: another file of the same vocabulary")
+    base.add_argument("--against_engine", choices=("reference",), help="baseline: the NumPy reference engine")
+    base.add_argument("--against_activations", choices=ACTIVATION_MODES, help="baseline: this activation mode")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def run_eval(args) -> int:
+    """`gemma-cy eval`: the figures on stdout; a progress bar on stderr when it is a terminal."""
+    from .. import api
+
+    if args.chunks is not None and args.chunks < 1:
+        raise UsageError(f"--chunks = {args.chunks}, must be >= 1")
+    try:
+        with open(args.text, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        raise ParameterError(f"--text {args.text}: cannot read ({e.strerror})") from None
+    if not args.weights:
+        from ..formats.packaged import default_model_path
+        args.weights = default_model_path()
+    model = api.load(args.weights, args.tok_path, engine=args.engine, max_cache_len=args.ctx,
+                     activations=args.activations)
+    against = args.against_engine or args.against_activations
+    if args.against:
+        against = api.load(args.against, max_cache_len=args.ctx)
+    bar = None
+    if sys.stderr.isatty() and not args.json:
+        from tqdm import tqdm
+        bar = tqdm(total=None, unit="chunk", file=sys.stderr, desc="eval")
+
+    def progress(done, total):
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+    try:
+        result = model.evaluate(text, ctx=args.ctx, chunks=args.chunks, against=against, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        json.dump({"weights": args.weights, "text": args.text, **result.as_dict()}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(f"{args.weights} on {args.text}\n{result.format()}\n")
+    return EXIT_INTERRUPTED if result.interrupted else 0
+
+
 SUBCOMMANDS = {"diff": (build_diff_parser, lambda a: run_diff(a)),
+               "eval": (build_eval_parser, lambda a: run_eval(a)),
                "convert": (build_convert_parser, lambda a: run_convert(a))}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gemma-cy`` console script (and its subcommands
-    ``gemma-cy diff`` and ``gemma-cy convert``)."""
+    ``gemma-cy diff``, ``gemma-cy convert`` and ``gemma-cy eval``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     from ..fast.faults import install_bus_error_handler
     install_bus_error_handler("gemma-cy: error: a model file changed while it was in use (truncated or "

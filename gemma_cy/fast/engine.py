@@ -86,6 +86,24 @@ class FastEngine(CheckedEngine):
         self.pos = start + n
         return self.model.last_logits.copy()
 
+    def _states(self, ids: list[int], start: int) -> np.ndarray:
+        """Final-normed states (n, dim) of the checked ``ids`` from ``start``,
+        PREFILL_CHUNK positions per GIL-free call."""
+        tokens = np.array(ids, dtype=np.int32)
+        n = len(tokens)
+        out = np.empty((n, self.config.dim), np.float32)
+        for lo in range(0, n, PREFILL_CHUNK):
+            chunk = tokens[lo:lo + PREFILL_CHUNK]
+            ran = self.model.run_states(chunk, start + lo, out[lo:lo + len(chunk)])
+            if ran < len(chunk):
+                self._fail(start, start + lo + ran)
+        self.pos = start + n
+        return out
+
+    def logits_of(self, states: np.ndarray) -> np.ndarray:
+        """Logits (T, vocab) of final-normed states (T, dim), as a step computes one position's."""
+        return self.model.logits_of(np.ascontiguousarray(states, dtype=np.float32))
+
     def _prefill_chunks(self, tokens: np.ndarray, start: int) -> int:
         """Run ``tokens`` PREFILL_CHUNK positions per GIL-free call (so Ctrl-C
         is seen between calls), logits at the very last position only.

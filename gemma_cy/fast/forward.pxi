@@ -274,12 +274,17 @@ cdef class FastModel:
     cdef Py_ssize_t trace_stride  # floats per layer
     cdef Py_ssize_t trace_head  # offset of final_norm (logits follow it)
 
+    # run_states: where each position's final-normed state goes (NULL: nowhere)
+    cdef float* states_out  # (n, dim)
+    cdef Py_ssize_t states_at  # rows written so far
+
     cdef readonly int first_bad  # ALL_FINITE (-2), or where the last run went non-finite
     cdef readonly object last_logits, key_cache, value_cache, trace, trace_layout
     cdef list _keep  # every array a pointer above points into
 
     def __cinit__(self):
         self.layers = NULL
+        self.states_out = NULL
 
     def __dealloc__(self):
         PyMem_Free(self.layers)
@@ -421,6 +426,54 @@ cdef class FastModel:
             self.tracing = False
         return done
 
+    def run_states(self, ids, Py_ssize_t pos, states):
+        """``run`` without logits, writing the final-normed state of every
+        position into ``states`` (n, dim) f32: what the output layer turns
+        into each position's logits (``logits_of``). Returns as ``run``."""
+        _array(ids, "ids", np.int32, (1,))
+        _out(states, (ids.shape[0], self.dim), (ids,))
+        cdef const int32_t[::1] tv = ids
+        cdef float[:, ::1] sv = states
+        cdef Py_ssize_t n = tv.shape[0], i, done
+        if n == 0:
+            raise ValueError("run_states: ids is empty")
+        if not 0 <= pos <= self.cache_len - n:
+            raise IndexError(f"run: positions {pos}..{pos + n - 1} outside the KV cache [0, {self.cache_len})")
+        for i in range(n):
+            if not 0 <= tv[i] < self.vocab_size:
+                raise IndexError(f"run: token id {tv[i]} outside the vocabulary [0, {self.vocab_size})")
+        self.states_out, self.states_at = &sv[0, 0], 0
+        try:
+            with nogil:
+                done = self.run_blocks(&tv[0], n, pos, False)
+        finally:
+            self.states_out = NULL
+        return done
+
+    def logits_of(self, states, out=None):
+        """The logits (T, vocab) of final-normed states (T, dim): the output
+        layer and soft-cap exactly as ``run`` computes one position's, BLOCK
+        rows per product."""
+        _array(states, "states", np.float32, (2,))
+        if states.shape[1] != self.dim:
+            raise ValueError(f"logits_of: states have {states.shape[1]} columns, the model's dim is {self.dim}")
+        out = _out(out, (states.shape[0], self.vocab_size), (states,))
+        cdef const float[:, ::1] sv = states
+        cdef float[:, ::1] ov = out
+        cdef Py_ssize_t T = sv.shape[0], lo, size, t
+        if T == 0:
+            return out
+        with nogil:
+            lo = 0
+            while lo < T:
+                size = min(<Py_ssize_t> BLOCK, T - lo)
+                self.matmul(&ov[lo, 0], &self.lm_head, &sv[lo, 0], size)
+                if self.final_softcap > 0:
+                    for t in range(size):
+                        k_softcap(&ov[lo + t, 0], self.vocab_size, self.final_softcap)
+                lo += size
+        return out
+
     def run_token(self, Py_ssize_t token, Py_ssize_t pos):
         """``run`` of the one id ``token`` at ``pos``, with logits and no trace:
         a decode step without an ids array to build and check. Returns 1, or
@@ -477,6 +530,10 @@ cdef class FastModel:
             for t in range(T):
                 if self.bad_at[t] == ALL_FINITE and not k_all_finite(self.x + t * dim, dim):
                     self.bad_at[t] = layer
+        if self.states_out != NULL:
+            for t in range(T):
+                self.final_norm(self.states_out + (self.states_at + t) * dim, self.x + t * dim)  # (dim,)
+            self.states_at += T
         self.final_norm(self.xb, self.x + (T - 1) * dim)  # (dim,)
         self.observe(self.trace_head, self.xb, dim)
         if want_logits:

@@ -142,6 +142,13 @@ class CheckedEngine:
         """Run one token at the next position; return its logits (vocab,)."""
         return self.forward(token, self.pos, observer)
 
+    def states(self, ids: Sequence[int]) -> np.ndarray:
+        """Run ``ids`` as ``prefill`` does, and return every position's
+        final-normed state (n, dim) f32 instead of the last one's logits:
+        ``logits_of(states)`` gives all their logits (for perplexity)."""
+        ids = check_prefill(ids, self.pos, self.config.vocab_size, self.cache_len)
+        return self._states(ids, self.pos)
+
     def _run(self, ids: list[int], start: int, observer: Observer | None) -> np.ndarray:
         """The engine's own: run the checked ``ids`` at positions start,
         start+1, ... (logits of the last only), leave self.pos = start +
