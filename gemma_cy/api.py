@@ -261,18 +261,47 @@ class Model:
         return self.chat(messages, **sampling).complete()
 
     def evaluate(self, text_or_ids: str | bytes | Sequence[int], ctx: int = 512, chunks: int | None = None,
-                 against: "Model | str | None" = None, progress=None) -> Evaluation:
+                 against: "Model | str | None" = None, per_layer: bool = False, per_layer_positions: int = 64,
+                 progress=None) -> Evaluation:
         """Perplexity over a text, llama-perplexity's way (gemma_cy.generation.evaluation),
         and, with ``against``, what this model costs against a baseline:
         another ``Model`` of the same vocabulary, ``"reference"`` (this file on
         the NumPy reference engine), or ``"f32"`` / ``"q8"`` (this file in that
-        activation mode). ``progress(done, total)`` is called per chunk."""
+        activation mode). ``per_layer``: every op of every layer judged on the
+        same inputs over the first ``per_layer_positions`` positions of the
+        first chunk, largest error first, with its tensors' block types.
+        ``progress(done, total)`` is called per chunk."""
         ids = self.tokenize(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else self.prompt_ids(text_or_ids)
         check_ctx(ctx, len(ids), self.context_len)
         baseline, name = self._baseline(against, text_or_ids, ids, ctx)
+        if per_layer and baseline is None:
+            raise ParameterError("per_layer needs a baseline to judge against (against=...)")
+        if per_layer and (isinstance(per_layer_positions, bool) or not isinstance(per_layer_positions, int)
+                          or not 1 <= per_layer_positions <= ctx):
+            raise ParameterError(f"per_layer_positions = {per_layer_positions!r}, must be in [1, ctx {ctx}]")
         self.session.reset()
         bos = self.tokenizer.bos_id if self.tokenizer.add_bos else None
-        return evaluate(self.engine, ids, ctx, bos, baseline, name, chunks, progress)
+        result = evaluate(self.engine, ids, ctx, bos, baseline, name, chunks, progress)
+        if per_layer and not result.interrupted:
+            first = list(ids[:per_layer_positions])
+            if bos is not None:
+                first[0] = bos
+            result.per_layer = self._per_layer(against, first)
+        self.session.reset()
+        return result
+
+    def _per_layer(self, against, ids: list[int]) -> list[dict]:
+        """The per-op table: an engine observed, a reference engine judging on its inputs."""
+        from gemma_cy_reference.model import ReferenceEngine
+        from .generation.local_error import per_op_table
+
+        activations = getattr(self.engine, "activations", "f32")
+        if isinstance(against, Model):  # this model's ops on the baseline's inputs
+            judge = ReferenceEngine(self.weights, len(ids), activations)
+            return per_op_table(against.engine, judge, ids, self.weights, against.weights)
+        judge_mode = against if against in ("f32", "q8") else activations  # the baseline's ops on this model's inputs
+        judge = ReferenceEngine(self.weights, len(ids), judge_mode)
+        return per_op_table(self.engine, judge, ids, self.weights)
 
     def _baseline(self, against, text_or_ids, ids, ctx):
         """(engine, name) of the baseline ``against`` names; (None, None) for none."""

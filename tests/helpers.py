@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemma_cy.commands.diff import teacher_forced
+from gemma_cy.generation.local_error import teacher_forced
 from gemma_cy.fast import ops
 from gemma_cy.fast.cpu_features import supported
 from gemma_cy.fast.engine import FastEngine
@@ -178,7 +178,7 @@ def record(engine, ids, run_decode: bool = True) -> dict:
 def check_each_op_against_the_reference(weights: Weights, ids, isa: str) -> None:
     """Every op of every position of the fast engine equals the reference's
     layer function applied to the fast engine's own input of that op
-    (gemma_cy.commands.diff.teacher_forced, the diff tool's local check),
+    (gemma_cy.generation.local_error.teacher_forced, the diff tool's local check),
     within the op's bound (``tolerance_for``, the diff tool's table: the
     embedding and the residual adds exactly)."""
     got = record(FastEngine(weights, 64, isa), ids)

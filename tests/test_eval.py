@@ -185,3 +185,43 @@ def test_cli_eval_text_and_json(tiny_model_path, tmp_path):
                           "nope.txt", code=1)
     assert_one_line_error(cli("eval", "--weights", str(tiny_model_path), "--text", str(text), "--chunks", "0"),
                           "--chunks", code=2)
+
+
+def test_per_layer_names_the_changed_tensor_first(model):
+    """A copy of the model with one matrix rounded coarsely (layer 1's
+    down_proj to 4 levels): against the original, the per-op table puts that
+    layer's MLP first and names the tensor."""
+    from gemma_cy.api import Model
+    from gemma_cy.model.weights import Weights
+    from gemma_cy.quant.tensors import quantize_per_tensor
+
+    w = model.weights.tensors["layers.1.down_proj"].dequantize()
+    coarse = np.round(w / np.abs(w).max() * 2) * (np.abs(w).max() / 2)
+    tensors = {**model.weights.tensors, "layers.1.down_proj": quantize_per_tensor(coarse.astype(np.float32))}
+    changed = Model(Weights(model.config, tensors, source="coarse"), model.tokenizer, "fast", 256)
+    ev = changed.evaluate(text_ids(2 * CTX), ctx=CTX, chunks=1, against=model, per_layer=True,
+                          per_layer_positions=8)
+    top = ev.per_layer[0]
+    assert (top["layer"], top["op"]) == (1, "mlp") and "layers.1.down_proj (int8; baseline int8)" in top["tensors"]
+    assert top["relative_rms"] > 10 * ev.per_layer[1]["relative_rms"]
+    assert top["positions"] == 8
+
+
+def test_per_layer_needs_a_baseline(model):
+    with pytest.raises(ParameterError, match="baseline"):
+        model.evaluate(text_ids(2 * CTX), ctx=CTX, per_layer=True)
+
+
+def test_plot_draws_or_names_the_extra_to_install(tiny_model_path, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{i % 53}" for i in range(600)), encoding="utf-8")
+    png = tmp_path / "eval.png"
+    out = cli("eval", "--weights", str(tiny_model_path), "--text", str(text), "--ctx", "64", "--chunks", "1",
+              "--against_activations", "q8", "--per_layer", "--per_layer_positions", "4", "--plot", str(png))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # the optional extra is not installed: one line saying which
+        assert_one_line_error(out, "pip install 'gemma-cy[plot]'", code=1)
+        return
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -107,3 +107,41 @@ def test_q8_mode_teacher_forced_cost(fast_q8):
           f"(transformers {TEACHER_FORCED['perplexity']:.4f})")
     assert n >= 2048 and agreement >= 0.965
     assert abs(perplexity / TEACHER_FORCED["perplexity"] - 1) <= 0.005
+
+
+# ---------------------------------------------------------------------------
+# gemma-cy eval's perplexity (docs/generation.md#evaluation) against
+# transformers' over the same chunks (scripts/make_eval_goldens.py)
+
+EVAL = json.loads((GOLDEN / "eval_gpl3.json").read_text())
+
+
+def four_digits(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def test_eval_chunks_are_transformers_ids():
+    from gemma_cy import api
+    from gemma_cy.generation.evaluation import chunk_ids
+
+    model = api.load(model_package.assemble(), max_cache_len=EVAL["ctx"])
+    ids = model.tokenize(open(EVAL["source"], encoding="utf-8").read())
+    assert len(ids) == EVAL["text_tokens"]
+    assert chunk_ids(ids, EVAL["ctx"], model.tokenizer.bos_id)[:EVAL["chunks"]] == EVAL["chunk_ids"]
+
+
+@pytest.mark.parametrize("which", ["reference", "fast"])
+def test_eval_perplexity_equals_transformers(which, reference, fast):
+    """Two chunks of 512 of the GPL-3: the perplexity to 4 significant
+    digits (transformers: 13.8051), on the reference (the file dequantized
+    to f32, as transformers loads it) and on the fast engine (the file as
+    stored)."""
+    from gemma_cy.generation.evaluation import evaluate
+
+    engine = reference if which == "reference" else fast
+    ids = [i for chunk in EVAL["chunk_ids"] for i in chunk]
+    ev = evaluate(engine, ids, EVAL["ctx"], EVAL["chunk_ids"][0][0])
+    print(f"{which}: perplexity {ev.perplexity:.5f} +/- {ev.perplexity_error:.4f} "
+          f"(transformers {EVAL['perplexity']:.5f} +/- {EVAL['perplexity_error']:.4f})")
+    assert ev.scored == len(EVAL["nll"])
+    assert four_digits(ev.perplexity) == four_digits(EVAL["perplexity"])

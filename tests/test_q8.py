@@ -26,7 +26,7 @@ from gemma_cy.errors import ParameterError
 from gemma_cy.generation.engines import make_engine
 from gemma_cy.fast.engine import FastEngine
 from gemma_cy.quant.tensors import Q8_0Tensor, quantize_activations_q8, quantize_per_tensor, quantize_q8_0
-from gemma_cy.commands.diff import teacher_forced
+from gemma_cy.generation.local_error import teacher_forced
 from gemma_cy.model.tolerance import DEFAULT, tolerance_for
 from gemma_cy.formats.gmw import read_gmw
 from gemma_cy_reference.layers import Q8Matrix
@@ -225,7 +225,7 @@ def greedy_both_q8(weights, ids, n: int, isa: str) -> None:
     equal (a divergence reports the step, both ids and the reference's
     top-1/top-2 margin), and every op of every position of the fast engine
     must be within tolerance of the reference's layer function applied to
-    the fast engine's own inputs (gemma_cy.commands.diff.teacher_forced).
+    the fast engine's own inputs (gemma_cy.generation.local_error.teacher_forced).
 
     Free-running logits are not compared with the per-op tolerance: two
     engines whose f32 sums differ in order by an ulp can land an activation

@@ -406,6 +406,12 @@ def build_eval_parser() -> argparse.ArgumentParser:
     base.add_argument("--against", metavar="WEIGHTS", help="baseline: another file of the same vocabulary")
     base.add_argument("--against_engine", choices=("reference",), help="baseline: the NumPy reference engine")
     base.add_argument("--against_activations", choices=ACTIVATION_MODES, help="baseline: this activation mode")
+    p.add_argument("--per_layer", action="store_true",
+                   help="rank every op of every layer by its error on the same inputs (which tensor costs most)")
+    p.add_argument("--per_layer_positions", type=int_flag, default=64,
+                   help="positions of the first chunk the per-layer table looks at (default 64)")
+    p.add_argument("--plot", metavar="PNG", help="draw KL divergence by position and the per-layer errors "
+                                                 "(needs matplotlib: pip install gemma-cy[plot])")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -416,6 +422,11 @@ def run_eval(args) -> int:
 
     if args.chunks is not None and args.chunks < 1:
         raise UsageError(f"--chunks = {args.chunks}, must be >= 1")
+    if args.per_layer and not (args.against or args.against_engine or args.against_activations):
+        raise UsageError("--per_layer needs a baseline: --against, --against_engine or --against_activations")
+    if args.plot:
+        from .plot import check_matplotlib
+        check_matplotlib()  # one line naming the extra to install, before any work
     try:
         with open(args.text, "rb") as f:
             text = f.read()
@@ -439,10 +450,14 @@ def run_eval(args) -> int:
             bar.total = total
             bar.update(done - bar.n)
     try:
-        result = model.evaluate(text, ctx=args.ctx, chunks=args.chunks, against=against, progress=progress)
+        result = model.evaluate(text, ctx=args.ctx, chunks=args.chunks, against=against, progress=progress,
+                                per_layer=args.per_layer, per_layer_positions=args.per_layer_positions)
     finally:
         if bar is not None:
             bar.close()
+    if args.plot:
+        from .plot import plot_evaluation
+        plot_evaluation(result, args.plot, f"{os.path.basename(args.weights)} on {os.path.basename(args.text)}")
     if args.json:
         json.dump({"weights": args.weights, "text": args.text, **result.as_dict()}, sys.stdout)
         sys.stdout.write("\n")

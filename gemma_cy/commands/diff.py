@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..generation.engines import make_engine
+from ..generation.local_error import Recorder, teacher_forced
 from ..model.logits import argmax, top2_margin
 from ..model.tolerance import errors, tolerance_for, within
 from ..model.weights import Weights
@@ -86,19 +87,6 @@ class DiffReport:
         return "\n".join(lines)
 
 
-class Recorder:
-    """An observer that keeps a copy of every value, keyed (layer, op, pos)."""
-
-    def __init__(self):
-        self.values: dict[tuple[int, str, int], np.ndarray] = {}
-        self.order: list[tuple[int, str]] = []
-
-    def __call__(self, layer: int, op: str, pos: int, value: np.ndarray) -> None:
-        if (layer, op) not in self.order:
-            self.order.append((layer, op))
-        self.values[(layer, op, pos)] = np.array(value, dtype=np.float32, copy=True)
-
-
 def compare_layers(reference: dict, other: dict, order: list[tuple[int, str]]) -> list[LayerRow]:
     """Per (layer, op) in ``order``: worst error over the positions both
     dicts ((layer, op, pos) -> value) hold; ``reference`` is the expected side."""
@@ -120,49 +108,6 @@ def compare_layers(reference: dict, other: dict, order: list[tuple[int, str]]) -
             ok = ok and within(a, b, atol, rtol)
         rows.append(LayerRow(layer, op, worst_abs, worst_rel, ok, len(keys)))
     return rows
-
-
-def teacher_forced(reference, got: dict, ids: Sequence[int]) -> dict:
-    """(layer, op, pos) -> the reference's layer functions applied to the
-    other engine's own inputs of each op (``got``: what it observed while
-    running ``ids`` from position 0)."""
-    from gemma_cy_reference import layers as L
-
-    c, w = reference.config, reference.weights
-    cache = L.KVCache(c, len(ids))  # filled with the other engine's keys and values
-    one_plus = c.norm_gain == "one_plus"
-    want: dict = {}
-
-    def norm(x, gain):
-        return L.rmsnorm(x, gain, c.norm_eps, one_plus)
-
-    for pos, token in enumerate(ids):
-        def at(layer, op):
-            return got[layer, op, pos]
-        want[-1, "embed", pos] = L.embed(w, token, pos, c)
-        x = at(-1, "embed")
-        for layer in range(c.n_layers):
-            lw = w.layers[layer]
-            want[layer, "attn_norm", pos] = norm(x, lw.attn_norm)
-            inner: dict = {}
-            L.attention(at(layer, "attn_norm"), lw, layer, pos, cache, c,
-                        lambda _l, op, _p, value: inner.__setitem__(op, value))
-            for op in ("q", "k", "v", "attn_out"):
-                want[layer, op, pos] = inner[op]
-            cache.key_cache[layer, pos], cache.value_cache[layer, pos] = at(layer, "k"), at(layer, "v")
-            attn = lw.o_proj @ at(layer, "attn_out")
-            want[layer, "attn", pos] = norm(attn, lw.post_attn_norm) if c.post_norms else attn
-            want[layer, "resid_attn", pos] = x + at(layer, "attn")
-            want[layer, "ffn_norm", pos] = norm(at(layer, "resid_attn"), lw.ffn_norm)
-            m = L.mlp(at(layer, "ffn_norm"), lw, c)
-            want[layer, "mlp", pos] = norm(m, lw.post_ffn_norm) if c.post_norms else m
-            want[layer, "resid_mlp", pos] = at(layer, "resid_attn") + at(layer, "mlp")
-            x = at(layer, "resid_mlp")
-        head = c.n_layers
-        want[head, "final_norm", pos] = L.final_norm(x, w, c)
-        if (head, "logits", pos) in got:
-            want[head, "logits", pos] = L.logits(at(head, "final_norm"), w, c)
-    return want
 
 
 def greedy_pair(reference, other, prompt_ids: Sequence[int], n_steps: int):

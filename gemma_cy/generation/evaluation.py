@@ -60,6 +60,7 @@ class Evaluation:
     mean_delta_p_error: float = math.nan
     rms_delta_p: float = math.nan
     interrupted: bool = False
+    per_layer: list[dict] = field(default_factory=list)
     per_position_kl: list[float] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict:
@@ -86,6 +87,12 @@ class Evaluation:
                   f"  top-5 overlap            {100 * self.top5_overlap:.2f}%",
                   f"  mean delta p             {100 * self.mean_delta_p:.4f}% +/- {100 * self.mean_delta_p_error:.4f}%",
                   f"  RMS delta p              {100 * self.rms_delta_p:.4f}%"]
+        if self.per_layer:
+            lines += [f"per op, each judged on the same inputs ({self.per_layer[0]['positions']} positions), "
+                      f"largest relative rms error first:",
+                      f"  {'layer':>5} {'op':<10} {'rel. rms':>10} {'max abs':>10}  tensors"]
+            lines += [f"  {r['layer']:>5} {r['op']:<10} {r['relative_rms']:10.3e} {r['max_error']:10.3e}  "
+                      f"{', '.join(r['tensors'])}" for r in self.per_layer]
         return "\n".join(lines)
 
 
