@@ -49,6 +49,7 @@ oracle: .venv-oracle/.deps-stamp $(BUILD_STAMP)
 	.venv-oracle/bin/python scripts/make_model_goldens.py
 	.venv-oracle/bin/python scripts/make_smollm2_goldens.py
 	.venv-oracle/bin/python scripts/make_chat_goldens.py
+	.venv-oracle/bin/python scripts/make_eval_goldens.py
 
 test: $(BUILD_STAMP) test-debug
 	$(PYTHON) -m pytest -q tests

@@ -19,7 +19,7 @@ __all__ = ["MODEL_PACKAGE", "PIP_NAME", "SMOLLM2_FILE", "SMOLLM2_PIP_NAME", "cac
 def q8_0_conversion(source: str) -> str:
     """``source`` (a GGUF) converted to Q8_0 by ``gemma-cy convert``, made once
     into ``cache_dir()`` under the source's name, size and modification
-    time: the re-quantized baseline the benchmarks and scripts/quant_cost.py
+    time: the re-quantized baseline the benchmarks
     compare the file as stored against. Raises GemmaCyError with one line
     when the cache cannot be written."""
     from .convert import convert
