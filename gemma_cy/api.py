@@ -67,16 +67,21 @@ def open_tokenizer(path: str):
         return GreedyTokenizer.from_file(path)
     if magic == b"GGUF":
         from .formats.gguf_reader import parse_gguf
-        gf = parse_gguf(path)
-        if gf.value("tokenizer.ggml.model") == "gpt2":
-            from .tokenizers.bpe import BPETokenizer
-            return BPETokenizer.from_gguf(gf)
-        from .tokenizers.sp import SentencePieceTokenizer
-        return SentencePieceTokenizer.from_gguf(gf)
+        return tokenizer_from_gguf(parse_gguf(path))
     if path.endswith(".bin"):  # llama2.c's tokenizer.bin has no magic
         return Llama2cTokenizer.from_file(path)
     raise ModelFormatError(f"{path}: unknown tokenizer format (magic {magic!r}; supported: GMT1, GGUF, "
                            f"llama2.c tokenizer.bin)")
+
+
+def tokenizer_from_gguf(gf):
+    """The vocabulary of a parsed GGUF: byte-level BPE when its
+    ``tokenizer.ggml.model`` is "gpt2", else SentencePiece."""
+    if gf.value("tokenizer.ggml.model") == "gpt2":
+        from .tokenizers.bpe import BPETokenizer
+        return BPETokenizer.from_gguf(gf)
+    from .tokenizers.sp import SentencePieceTokenizer
+    return SentencePieceTokenizer.from_gguf(gf)
 
 
 def default_tokenizer_path(weights: str) -> str:
@@ -101,8 +106,14 @@ def load(weights: str | os.PathLike | None = None, tokenizer: str | None = None,
         from .formats.packaged import default_model_path
         weights = default_model_path()
     weights = os.fspath(weights)
-    loaded = open_weights(weights)
-    tok = open_tokenizer(os.fspath(tokenizer) if tokenizer is not None else default_tokenizer_path(weights))
+    tok_path = os.fspath(tokenizer) if tokenizer is not None else default_tokenizer_path(weights)
+    if tok_path == weights and read_magic(weights) == b"GGUF":  # one file: parse its header once
+        from .formats.gguf_model import read_gguf
+        from .formats.gguf_reader import parse_gguf
+        gf = parse_gguf(weights)
+        loaded, tok = read_gguf(gf), tokenizer_from_gguf(gf)
+    else:
+        loaded, tok = open_weights(weights), open_tokenizer(tok_path)
     if tok.vocab_size != loaded.config.vocab_size:
         raise ModelFormatError(
             f"tokenizer vocab_size = {tok.vocab_size} does not match the weights' vocab_size = "

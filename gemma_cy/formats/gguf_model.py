@@ -298,8 +298,8 @@ def _read_model(path, tensor: Callable[[GGUFFile, str], object], keep_map: bool)
     checked tensor set, then ``tensor(gf, gguf_name)`` for every tensor. With
     ``keep_map`` the tensors are views of the map and the Weights keep it
     alive; otherwise the map is closed before returning. On any error the map
-    is closed and the error raised."""
-    gf = parse_gguf(path)
+    is closed and the error raised. ``path`` may be a GGUFFile already parsed."""
+    gf = path if isinstance(path, GGUFFile) else parse_gguf(path)
     try:
         config = gguf_config(gf)
         tensors = {w: tensor(gf, g) for g, w in check_model_tensors(gf, config).items()}
