@@ -13,6 +13,7 @@ stands for), 2 a control piece. Nothing after the last entry.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import os
 import struct
@@ -93,9 +94,12 @@ def _is_int(value) -> bool:
 
 
 def _is_finite_f32(value) -> bool:
+    """A real number (not a bool, not text that float() would parse) that fits a finite f32."""
+    if isinstance(value, (str, bytes, bytearray, bool)) or not isinstance(value, numbers.Real):
+        return False
     try:
         x = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return False
     return math.isfinite(x) and abs(x) <= F32_MAX
 
