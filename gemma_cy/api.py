@@ -336,11 +336,16 @@ class Model:
         raise ParameterError(f"against = {against!r}: expected a Model, 'reference', 'f32' or 'q8'")
 
     def logits(self, prompt: str | bytes | Sequence[int], position: int | str = -1,
-               observer: Observer | None = None) -> np.ndarray:
+               observer: Observer | None = None, positions: str | None = None) -> np.ndarray:
         """Logits (vocab,) f32 at ``position`` of the prompt (default: the last),
         computed from a fresh KV cache over the prompt up to that position.
-        ``position="all"``: the logits of every position, (T, vocab), from
-        one pass over the prompt and one product with the output layer."""
+        ``position="all"`` (or ``positions="all"``): the logits of every
+        position, (T, vocab), from one pass over the prompt and products
+        with the output layer of up to 64 positions each."""
+        if positions is not None:
+            if positions != "all":
+                raise ParameterError(f"positions = {positions!r}: the only value is 'all'")
+            position = "all"
         ids = self.prompt_ids(prompt)
         n = len(ids)
         if position == "all":

@@ -136,6 +136,7 @@ def test_all_position_logits_equal_each_positions(model):
     ids = model.prompt_ids("Once upon a time there was a cat")
     every = model.logits(ids, position="all")
     assert every.shape == (len(ids), model.config.vocab_size)
+    np.testing.assert_array_equal(model.logits(ids, positions="all"), every)
     for j in range(len(ids)):
         np.testing.assert_array_equal(every[j], model.logits(ids, position=j))
 
