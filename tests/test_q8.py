@@ -310,3 +310,34 @@ def test_cli_q8_mode_and_diff(tiny_model_path):
     assert "32/32 tokens identical" in diff.stdout
     bad = cli("--weights", str(tiny_model_path), "--prompt", "x", "--activations", "int4")
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_q8_engine_products_at_every_position_against_float64(tiny, tiny_model):
+    """The fast engine in q8 mode, every position of a short prompt: each
+    product whose input the engine reports (v_proj on attn_norm's output,
+    o_proj on the attention output, the output layer on final_norm's
+    output; the fixture has no q/k norms or post-norms) equals, within a few
+    f32 roundings of each block's term, the product computed here in float64
+    from the dequantized weights and the input quantized by quantize_f64,
+    this file's own statement of the q8 rule."""
+    from gemma_cy.generation.local_error import Recorder
+
+    ids = tiny_model.prompt_ids("Once upon a time, in a land")
+    rec = Recorder()
+    FastEngine(tiny, 64, activations="q8").prefill(ids, rec)
+    checks = [(layer, "attn_norm", f"layers.{layer}.v_proj", "v") for layer in range(tiny.config.n_layers)]
+    checks += [(layer, "attn_out", f"layers.{layer}.o_proj", "attn") for layer in range(tiny.config.n_layers)]
+    checks += [(tiny.config.n_layers, "final_norm", "lm_head", "logits")]
+    compared = 0
+    for pos in range(len(ids)):
+        for layer, source, tensor, op in checks:
+            if (layer, op, pos) not in rec.values:
+                continue  # logits: the last position only
+            xq, xd = quantize_f64(rec.values[layer, source, pos].reshape(-1))
+            x = (xq.reshape(-1, 32).astype(np.float64) * xd[:, None].astype(np.float64)).reshape(-1)
+            w = tiny.tensors[tensor].dequantize().astype(np.float64)
+            got = rec.values[layer, op, pos].reshape(-1).astype(np.float64)
+            bound = 3 * 2.0 ** -24 * (np.abs(w) @ np.abs(x))
+            assert np.all(np.abs(got - w @ x) <= bound), (pos, layer, op)
+            compared += 1
+    assert compared == len(ids) * 2 * tiny.config.n_layers + 1
