@@ -93,6 +93,7 @@ bench: $(BUILD_STAMP)
 
 bench-peers: .venv-peers/.deps-stamp $(BUILD_STAMP)
 	$(PYTHON) scripts/bench.py --models gemma3
+	$(PYTHON) scripts/bench_eval.py
 
 clean:
 	rm -rf build $(MODELS) .pytest_cache .hypothesis gemma_cy/fast/*.c gemma_cy/fast/*.so gemma_cy/fast/*.html *.egg-info
