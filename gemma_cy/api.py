@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import os
-import stat
 from typing import Sequence
 
 import numpy as np
@@ -21,6 +20,7 @@ from .generation.session import Session
 from .errors import ModelFormatError, ParameterError, TokenIndexError
 from .formats.gguf_model import read_gguf
 from .formats.gmw import read_gmw
+from .formats.mapped import check_regular
 from .formats.llama2c import is_llama2c_checkpoint, read_llama2c
 from .tokenizers.llama2c import Llama2cTokenizer
 from .generation.evaluation import Evaluation, check_ctx, evaluate
@@ -34,10 +34,7 @@ def read_magic(path: str) -> bytes:
     """The first 4 bytes of ``path``, with one-line errors for unusable paths."""
     if not os.path.exists(path):
         raise ModelFormatError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise ModelFormatError(f"{path}: is a directory, expected a file")
-    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, /dev/zero never end
-        raise ModelFormatError(f"{path}: not a regular file (a pipe, socket or device), expected a model file")
+    check_regular(path, os.stat(path), "model")
     try:
         with open(path, "rb") as f:
             return f.read(4)

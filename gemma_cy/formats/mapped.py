@@ -12,6 +12,16 @@ from typing import BinaryIO, Iterator
 from ..errors import ModelFormatError
 
 
+def check_regular(name: str, st: os.stat_result, kind: str) -> None:
+    """ModelFormatError unless ``st`` (of ``name``) is a regular file: a
+    directory, a FIFO (reading would block) or a device (/dev/zero would
+    never end) is refused before anything is read."""
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelFormatError(f"{name}: is a directory, expected a {kind} file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelFormatError(f"{name}: not a regular file (a pipe, socket or device), expected a {kind} file")
+
+
 def map_file(name: str, kind: str, header_size: int) -> mmap.mmap:
     """Open ``name`` (a regular file of at least ``header_size`` bytes, a
     ``kind`` file such as "GMW1") and map it read-only."""
@@ -26,10 +36,7 @@ def map_file(name: str, kind: str, header_size: int) -> mmap.mmap:
         raise ModelFormatError(f"{name!r}: cannot open: {e}") from None
     try:
         st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ModelFormatError(f"{name}: is a directory, expected a {kind} file")
-        if not stat.S_ISREG(st.st_mode):
-            raise ModelFormatError(f"{name}: not a regular file, expected a {kind} file")
+        check_regular(name, st, kind)
         if st.st_size < header_size:
             raise ModelFormatError(
                 f"{name}: truncated header: file has {st.st_size} bytes, the {kind} header is "

@@ -152,13 +152,10 @@ def tokenize(data: bytes) -> None:
 
 
 def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
-    """A byte-level BPE vocab: ChatML's three markers, the 256 byte symbols, a few merges."""
-    from gemma_cy.tokenizers.bpe import byte_alphabet
-    chars = byte_alphabet()
-    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("1", "2")]
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + list(chars) + [a + b for a, b in merges]
-    types = [3, 3, 3] + [1] * (len(tokens) - 3)
-    return tokens, types, [f"{a} {b}" for a, b in merges]
+    """The test suite's hand-made byte-level BPE vocabulary (ChatML's three
+    markers, the byte symbols, a few merges): tests/helpers.py."""
+    from helpers import bpe_hand_vocab
+    return bpe_hand_vocab()
 
 
 def _gguf_bytes(fields: dict, tensors: list) -> bytes:
