@@ -57,3 +57,46 @@ def test_harness_smoke(name, tmp_path):
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Done" in result.stderr and "stat::number_of_executed_units" in result.stderr
+
+
+LEAK_PROBE = r"""
+import os, sys
+import atheris
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from fuzz.run import without_comparison_leak
+with atheris.instrument_imports(include=["gemma_cy"]):
+    from gemma_cy.quant.tensors import round_half_away   # compares an array with a constant
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+x = np.linspace(-4, 4, 100_000, dtype=np.float32)  # each comparison's result: 100 KB
+seen = {"n": 0}
+def target(data):
+    seen["n"] += 1
+    if seen["n"] == 10:
+        seen["rss"] = rss_mb()
+    halves = round_half_away(np.array([0.5, -0.5, 1.49, 2.5, -2.5], np.float32))
+    assert halves.tolist() == [1, -1, 1, 3, -3], halves
+    round_half_away(x)
+    if seen["n"] == 1010:
+        print(f"growth {rss_mb() - seen['rss']:.1f}", flush=True)
+        os._exit(0)
+atheris.Setup([sys.argv[0], "-runs=2000"], without_comparison_leak(atheris, target))
+atheris.Fuzz()
+"""
+
+
+def test_fuzzing_does_not_leak_comparison_results():
+    """atheris keeps the result of every instrumented comparison of arrays
+    (tests/fuzz/run.py, without_comparison_leak): 1,000 inputs that each
+    compare a 100 KB array would hold ~100 MB. Through run.py's wrapper the
+    process stays flat, and the comparisons still give the right answers."""
+    pytest.importorskip("atheris", reason="atheris (the fuzzer) is not installed; make test installs it")
+    result = subprocess.run([sys.executable, "-c", LEAK_PROBE, str(FUZZ.parent)], cwd=REPO,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    growth = float(result.stdout.split("growth")[-1])
+    assert growth < 20, f"RSS grew {growth} MB over 1,000 inputs"
