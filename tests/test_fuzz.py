@@ -53,8 +53,9 @@ def test_corpus_and_regressions_replay(name):
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_harness_smoke(name, tmp_path):
     pytest.importorskip("atheris", reason="atheris (the fuzzer) is not installed; make test installs it")
-    result = subprocess.run([sys.executable, str(FUZZ / "run.py"), name, "--seconds", "2"], cwd=REPO,
-                            capture_output=True, text=True, timeout=180)
+    # --rss-limit-mb 0: the child's peak RSS starts at this test process's (see run.py)
+    result = subprocess.run([sys.executable, str(FUZZ / "run.py"), name, "--seconds", "2", "--rss-limit-mb", "0"],
+                            cwd=REPO, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Done" in result.stderr and "stat::number_of_executed_units" in result.stderr
 
@@ -84,18 +85,20 @@ def target(data):
     if seen["n"] == 1010:
         print(f"growth {rss_mb() - seen['rss']:.1f}", flush=True)
         os._exit(0)
-atheris.Setup([sys.argv[0], "-runs=2000"], without_comparison_leak(atheris, target))
+# -rss_limit_mb=0: libFuzzer's RSS is the peak this child inherits from the test process (see run.py)
+atheris.Setup([sys.argv[0], "-runs=2000", "-rss_limit_mb=0", "-artifact_prefix=" + sys.argv[2] + "/"],
+              without_comparison_leak(atheris, target))
 atheris.Fuzz()
 """
 
 
-def test_fuzzing_does_not_leak_comparison_results():
+def test_fuzzing_does_not_leak_comparison_results(tmp_path):
     """atheris keeps the result of every instrumented comparison of arrays
     (tests/fuzz/run.py, without_comparison_leak): 1,000 inputs that each
     compare a 100 KB array would hold ~100 MB. Through run.py's wrapper the
     process stays flat, and the comparisons still give the right answers."""
     pytest.importorskip("atheris", reason="atheris (the fuzzer) is not installed; make test installs it")
-    result = subprocess.run([sys.executable, "-c", LEAK_PROBE, str(FUZZ.parent)], cwd=REPO,
+    result = subprocess.run([sys.executable, "-c", LEAK_PROBE, str(FUZZ.parent), str(tmp_path)], cwd=REPO,
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     growth = float(result.stdout.split("growth")[-1])

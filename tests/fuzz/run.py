@@ -72,7 +72,7 @@ def without_comparison_leak(atheris, target):
     return run
 
 
-def fuzz(name: str, seconds: int, timeout: int) -> int:
+def fuzz(name: str, seconds: int, timeout: int, rss_limit_mb: int) -> int:
     import atheris
 
     with atheris.instrument_imports(include=["gemma_cy", "gemma_cy_reference", "fuzz"]):
@@ -83,7 +83,8 @@ def fuzz(name: str, seconds: int, timeout: int) -> int:
     work.mkdir(parents=True, exist_ok=True)
     CRASHES.mkdir(parents=True, exist_ok=True)
     args = [sys.argv[0], str(work), str(CORPUS / name), f"-max_total_time={seconds}", f"-timeout={timeout}",
-            "-rss_limit_mb=3072", "-max_len=200000", f"-artifact_prefix={CRASHES}/{name}-", "-print_final_stats=1"]
+            f"-rss_limit_mb={rss_limit_mb}", "-max_len=200000", f"-artifact_prefix={CRASHES}/{name}-",
+            "-print_final_stats=1"]
     atheris.Setup(args, without_comparison_leak(atheris, TARGETS[name]))
     atheris.Fuzz()
     return 0
@@ -95,6 +96,10 @@ def main() -> int:
     p.add_argument("--all", action="store_true")
     p.add_argument("--seconds", type=int, default=int(os.environ.get("FUZZ_SECONDS", 60)))
     p.add_argument("--timeout", type=int, default=3, help="seconds one input may take (a hang past it is a crash)")
+    p.add_argument("--rss-limit-mb", type=int, default=3072,
+                   help="libFuzzer's memory limit (0: none). libFuzzer reads the process's peak RSS, which a "
+                        "child inherits from the process that started it (Linux keeps it across exec), so a "
+                        "harness started from a large process needs 0")
     p.add_argument("--write-seeds", action="store_true")
     a = p.parse_args()
     if a.write_seeds:
@@ -105,6 +110,7 @@ def main() -> int:
         failed = []
         for name in TARGETS:  # one process each: libFuzzer runs one target per process
             code = subprocess.call([sys.executable, __file__, name, "--seconds", str(a.seconds),
+                                    "--rss-limit-mb", str(a.rss_limit_mb),
                                     "--timeout", str(a.timeout)])
             if code:
                 failed.append(name)
@@ -112,7 +118,7 @@ def main() -> int:
         return 1 if failed else 0
     if not a.name:
         p.error("give a harness name or --all")
-    return fuzz(a.name, a.seconds, a.timeout)
+    return fuzz(a.name, a.seconds, a.timeout, a.rss_limit_mb)
 
 
 if __name__ == "__main__":
