@@ -21,7 +21,7 @@ from gemma_cy.generation.engines import make_engine
 from gemma_cy.model.config import ModelConfig
 from gemma_cy.model.weights import expected_shapes
 from gemma_cy.formats.gguf_reader import _F16_SCALE_OFFSETS
-from gemma_cy.quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, to_affine
+from gemma_cy.quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, Q4_KTensor, to_affine
 from gemma_cy.quant.types import GGML_TYPE_IDS, GGML_TYPES
 from gemma_cy.quant.tensors import Q8_0Tensor
 from gemma_cy_reference.model import ReferenceEngine
@@ -116,6 +116,54 @@ def test_affine_q8_mode_is_the_references_bit_for_bit(isa, name):
         assert np.all(np.abs(block[i] - want) <= 4 * U * (np.abs(w) @ np.abs(xv))), (isa, name, i)
 
 
+def special_q4_k(rows: int, cols: int, rng) -> np.ndarray:
+    """Q4_K blocks whose f16 d and dmin are drawn from the extremes as well:
+    zero, subnormal, the largest finite, negative; every 6-bit scale and
+    min code appears (the 12 scale bytes are random)."""
+    raw = random_raw("Q4_K", rows, cols, rng, 0.5).reshape(-1, 144).copy()
+    special = np.array([0.0, 2.0 ** -24, 3 * 2.0 ** -20, 6.1e-5, 65504.0, -1.5, 1e-3], np.float16)
+    pick = rng.random(raw.shape[0]) < 0.3
+    for at in (0, 2):
+        values = raw[:, at:at + 2].copy().view("<f2")[:, 0]
+        values[pick] = rng.choice(special, int(pick.sum()))
+        raw[:, at:at + 2] = values.astype("<f2").view(np.uint8).reshape(-1, 2)
+    return raw.reshape(rows, -1)
+
+
+@ISA
+@pytest.mark.parametrize("rows, cols, positions", [(1, 256, 1), (3, 512, 9), (257, 256, 70), (5, 1024, 1)])
+def test_q4_k_as_stored_is_its_records_bit_for_bit(isa, rows, cols, positions):
+    """A Q4_K matrix read from its super-blocks (QLAYOUT_Q4_K: the decode GEMV
+    unpacks nibbles in registers; the GEMM and the q8 mode turn tiles of 256
+    rows into records) gives the bits its affine records give, in both
+    activation modes, past a tile of rows and a pass of positions; and its
+    weights are the gguf package's."""
+    import gguf
+
+    m = kernels(isa)
+    rng = np.random.default_rng(rows * 7 + cols)
+    raw = special_q4_k(rows, cols, rng)
+    stored = Q4_KTensor.from_raw(raw, (rows, cols))
+    records = AffineTensor.from_raw(raw, GGML_TYPE_IDS["Q4_K"], (rows, cols))
+    theirs = gguf.quants.dequantize(raw.reshape(-1), gguf.GGMLQuantizationType.Q4_K).reshape(rows, cols)
+    np.testing.assert_array_equal(stored.dequantize().view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+    x = rng.uniform(-1, 1, (positions, cols)).astype(np.float32)
+    for activations in ("f32", "q8"):
+        want = m.gemm(records, x, activations)
+        got = m.gemm(stored, x, activations)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{isa} {activations}")
+        one = m.gemm(stored, x[-1:], activations)  # the decode path
+        np.testing.assert_array_equal(one[0].view(np.uint32), want[-1].view(np.uint32), err_msg=f"{isa} decode")
+
+
+def test_q4_k_tensor_refuses_bytes_that_do_not_hold_it():
+    raw = np.zeros(144 * 2, np.uint8)
+    with pytest.raises(ValueError, match="do not hold"):
+        Q4_KTensor.from_raw(raw, (3, 256))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        Q4_KTensor.from_raw(raw, (1, 288))
+
+
 def test_q8_mode_refuses_f32_matrices():
     from gemma_cy.quant.tensors import F32Tensor
 
@@ -183,7 +231,8 @@ def test_every_matrix_is_read_as_the_file_stores_it(every_type_gguf):
     for name, kind in types.items():
         t = weights[name]
         exact_in_q8_0 = kind in ("Q8_0", "Q4_0", "Q5_0")
-        assert isinstance(t, Q8_0Tensor if exact_in_q8_0 else AffineTensor), (name, kind)
+        held = Q8_0Tensor if exact_in_q8_0 else Q4_KTensor if kind == "Q4_K" else AffineTensor
+        assert isinstance(t, held), (name, kind, type(t))
         ours = t.dequantize()
         want = np.asarray(theirs[gguf_tensor_name(name)], np.float32).reshape(ours.shape)
         np.testing.assert_array_equal(ours.view(np.uint32), want.view(np.uint32), err_msg=f"{name} ({kind})")

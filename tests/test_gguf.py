@@ -623,10 +623,10 @@ def real_model():
 
 
 def test_default_model_runs_every_weight_as_stored(real_model):
-    """The Q4_K and Q6_K matrices are AffineTensors holding ggml's values, the
-    Q5_0 ones Q8_0 blocks with the same scales and levels: every matrix
-    dequantizes to exactly what the file's own dequantizer gives."""
-    from gemma_cy.quant.affine import AffineTensor
+    """The Q4_K matrices are Q4_KTensors (the file's blocks), the Q6_K ones
+    AffineTensors holding ggml's values, the Q5_0 ones Q8_0 blocks with the
+    same scales and levels: every matrix dequantizes to exactly what the
+    file's own dequantizer gives."""
     from gemma_cy.quant.ggml import dequantize
 
     weights, gf = read_gguf(real_model), parse_gguf(real_model)
@@ -640,7 +640,7 @@ def test_default_model_runs_every_weight_as_stored(real_model):
         if name.startswith("layers.0.") or name.startswith("layers.17."):
             want = dequantize(gf.raw(g), t.ggml_type, t.shape)
             np.testing.assert_array_equal(ours.dequantize().view(np.uint32), want.view(np.uint32), err_msg=g)
-    assert kinds == {"Q5_0": {"Q8_0Tensor"}, "Q8_0": {"Q8_0Tensor"}, "Q4_K": {"AffineTensor"},
+    assert kinds == {"Q5_0": {"Q8_0Tensor"}, "Q8_0": {"Q8_0Tensor"}, "Q4_K": {"Q4_KTensor"},
                      "Q6_K": {"AffineTensor"}}
 
 
@@ -993,5 +993,5 @@ def test_dump_names_each_matrix_layout_and_the_simd_module(real_model):
     assert any(line.startswith("engine: fast, SIMD module: ") for line in lines)
     o_proj = next(line for line in lines if line.split()[:1] == ["layers.0.o_proj"])
     down = next(line for line in lines if line.split()[:1] == ["layers.0.down_proj"])
-    assert o_proj.endswith("Q4_K as affine int8 levels, sub-blocks of 32")
+    assert o_proj.endswith("Q4_K as stored, with each sub-block's scale and offset as f32")
     assert down.endswith("Q6_K as affine int8 levels, sub-blocks of 16")

@@ -77,6 +77,17 @@ KERNELS = textwrap.dedent('''
             m.dequantize_q8_0(g(q8_0(nb)), out=g(np.zeros(32 * nb, np.float32)))
             m.quantize_q8(g(f32(32 * nb)))
             calls += 7
+        from gemma_cy.quant.affine import Q4_KTensor
+        for nb in range(1, 5):  # Q4_K super-blocks of 256 (the GEMV, the GEMM, the q8 mode)
+            for rows in (1, 3):
+                raw = rng.integers(0, 256, (rows, nb, 144), dtype=np.uint8)
+                raw[..., 0:4] = np.array([0.01, 0.001], np.float16).view(np.uint8)
+                t = Q4_KTensor.from_raw(raw, (rows, 256 * nb))
+                t = Q4_KTensor(g(t.blocks), g(t.ab))
+                for positions in (1, 2):
+                    m.gemm(t, g(f32(positions, 256 * nb)))
+                    m.gemm(t, g(f32(positions, 256 * nb)), activations="q8")
+                calls += 4
     print("ok", calls)
 ''')
 

@@ -15,7 +15,7 @@ from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES
 from ..generation.penalties import DEFAULT_REPEAT_LAST_N
 from ..generation.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE
 from ..errors import GemmaCyError, ParameterError
-from ..quant.affine import AffineTensor
+from ..quant.affine import AffineTensor, Q4_KTensor
 from ..quant.tensors import Int8Tensor
 
 EXIT_ERROR = 1
@@ -158,6 +158,8 @@ def tensor_kind(t) -> str:
         return f"int8  scale={float(t.scale):.6g}"
     if isinstance(t, AffineTensor):
         return f"{t.source} as affine int8 levels, sub-blocks of {t.sub}"
+    if isinstance(t, Q4_KTensor):
+        return "Q4_K as stored, with each sub-block's scale and offset as f32"
     return type(t).__name__
 
 

@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..quant.affine import Q4_KTensor
 from ..quant.tensors import Int8Tensor, Q8_0Tensor
 
 COPY_CHUNK_BYTES = 8 << 20  # copied, then released from the map, at a time
@@ -33,11 +34,13 @@ ALIGN_BYTES = 64  # each matrix starts on a cache line
 
 
 def _values(tensor) -> np.ndarray | None:
-    """The stored values of a weight matrix (int8 q or Q8_0 blocks), or None
-    for anything else (a vector, an f32 tensor)."""
+    """The stored values of a weight matrix (int8 q, Q8_0 or ggml blocks), or
+    None for anything else (a vector, an f32 tensor, records built at load)."""
     if isinstance(tensor, Int8Tensor) and tensor.q.ndim == 2:
         return tensor.q
     if isinstance(tensor, Q8_0Tensor) and tensor.blocks.ndim == 3:
+        return tensor.blocks
+    if isinstance(tensor, Q4_KTensor):
         return tensor.blocks
     return None
 
@@ -102,5 +105,6 @@ def pack_matrices(tensors: dict[str, object], order: list[str]) -> tuple[dict[st
         dst = memory[start:start + src.nbytes].view(src.dtype).reshape(src.shape)
         _copy_releasing(dst, src, _read_only_map(src))
         dst.flags.writeable = False
-        packed[n] = replace(tensors[n], q=dst) if isinstance(tensors[n], Int8Tensor) else Q8_0Tensor(dst)
+        field = "q" if isinstance(tensors[n], Int8Tensor) else "blocks"  # Q8_0Tensor, Q4_KTensor
+        packed[n] = replace(tensors[n], **{field: dst})
     return packed, arena

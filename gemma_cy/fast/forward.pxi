@@ -44,7 +44,7 @@ from gemma_cy.model.observe import op_shape
 from gemma_cy.fast.arena import pack_matrices
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
-from gemma_cy.quant.affine import AffineTensor
+from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
 
 
 # The layer ops the trace records, in gemma_cy.observe.LAYER_OPS order; the
@@ -114,24 +114,47 @@ cdef Py_ssize_t _matrix_bytes(object tensor):
         return tensor.blocks.nbytes
     if isinstance(tensor, AffineTensor):
         return tensor.records.nbytes
+    if isinstance(tensor, Q4_KTensor):
+        return tensor.blocks.nbytes + tensor.ab.nbytes
     if isinstance(tensor, F32Tensor):
         return tensor.data.nbytes
     return tensor.q.nbytes
 
 
-cdef QMatrix _qmatrix(object tensor, list keep, bint resident) except *:
-    """The kernels' view of a weight matrix (Int8Tensor, Q8_0Tensor, AffineTensor, 2-D F32Tensor): a
-    pointer into its (read-only, usually mapped) values, no copy; ``keep``
-    keeps the array alive. ``resident``: the model stays in cache."""
+cdef uint8_t* _q4_k_scratch(object tensors, Py_ssize_t n_tokens, list keep) except? NULL:
+    """One scratch for every Q4_KTensor among ``tensors`` (k_q4_k_scratch_bytes
+    of the widest, 64-byte aligned; kept alive by ``keep``), or NULL when
+    there is none."""
+    cdef Py_ssize_t size = 0
+    cdef uint8_t[::1] view
+    for t in tensors:
+        if isinstance(t, Q4_KTensor):
+            size = max(size, k_q4_k_scratch_bytes(t.shape[1], n_tokens))
+    if size == 0:
+        return NULL
+    buf = np.empty(size + 64, np.uint8)  # (written before it is read)
+    keep.append(buf)
+    view = buf
+    return &view[0] + (-(<size_t> &view[0])) % 64
+
+
+cdef QMatrix _qmatrix(object tensor, list keep, bint resident, uint8_t* scratch=NULL) except *:
+    """The kernels' view of a weight matrix (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor, 2-D
+    F32Tensor): a pointer into its (read-only, usually mapped) values, no
+    copy; ``keep`` keeps the array alive. ``resident``: the model stays in
+    cache. A Q4_KTensor needs ``scratch`` (_q4_k_scratch)."""
     cdef const int8_t[:, ::1] view
     cdef const uint8_t[:, :, ::1] blocks
     cdef const float[:, ::1] w32
+    cdef const float[:, :, ::1] ab
     cdef QMatrix m
     m.q = NULL
     m.blocks = NULL
     m.w32 = NULL
     m.sub = 0
     m.has_offset = False
+    m.ab = NULL
+    m.scratch = NULL
     m.scale = 1
     m.resident = resident
     if isinstance(tensor, Int8Tensor):
@@ -168,6 +191,19 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident) except *:
             raise ModelFormatError(f"affine matrix of {m.cols} columns at {<size_t> m.blocks:#x}: "
                                    f"the kernels need a multiple of {Q8_0_BLOCK} columns, 4-byte aligned records")
         m.layout = QLAYOUT_AFFINE
+    elif isinstance(tensor, Q4_KTensor):
+        blocks = _array(tensor.blocks, "Q4_K blocks", np.uint8, (3,))
+        ab = _array(tensor.ab, "Q4_K scales", np.float32, (3,))
+        keep.extend((tensor.blocks, tensor.ab))
+        if scratch == NULL:
+            raise ValueError("a Q4_KTensor needs the scratch of _q4_k_scratch")
+        m.blocks = &blocks[0, 0, 0]
+        m.ab = &ab[0, 0, 0]
+        m.rows, m.cols = tensor.shape
+        m.sub = 32
+        m.has_offset = True
+        m.scratch = scratch
+        m.layout = QLAYOUT_Q4_K
     else:
         raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
     return m
@@ -319,10 +355,12 @@ cdef class FastModel:
                                                         for name in LAYER_MATRICES] + [head])
         keep.append(arena)
         matrix = lambda name: packed[name] if name in packed else weights[name]
-        self.embed_tokens = _qmatrix(matrix("embed_tokens"), keep, resident)
+        cdef uint8_t* scratch = _q4_k_scratch(weights.tensors.values(), BLOCK, keep)
+        self.embed_tokens = _qmatrix(matrix("embed_tokens"), keep, resident, scratch)
         if c.position_table:
-            self.embed_positions = _qmatrix(weights["embed_positions"], keep, resident)
-        self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(matrix("lm_head"), keep, resident)
+            self.embed_positions = _qmatrix(weights["embed_positions"], keep, resident, scratch)
+        self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(matrix("lm_head"), keep, resident,
+                                                                            scratch)
         self.final_gain = _gain(weights["final_norm"], keep)
         self.layers = <LayerWeights*> PyMem_Malloc(c.n_layers * sizeof(LayerWeights))
         if self.layers == NULL:
@@ -331,13 +369,13 @@ cdef class FastModel:
         for layer in range(c.n_layers):
             w = &self.layers[layer]
             p = f"layers.{layer}."
-            w.q_proj = _qmatrix(matrix(p + "q_proj"), keep, resident)
-            w.k_proj = _qmatrix(matrix(p + "k_proj"), keep, resident)
-            w.v_proj = _qmatrix(matrix(p + "v_proj"), keep, resident)
-            w.o_proj = _qmatrix(matrix(p + "o_proj"), keep, resident)
-            w.gate_proj = _qmatrix(matrix(p + "gate_proj"), keep, resident)
-            w.up_proj = _qmatrix(matrix(p + "up_proj"), keep, resident)
-            w.down_proj = _qmatrix(matrix(p + "down_proj"), keep, resident)
+            w.q_proj = _qmatrix(matrix(p + "q_proj"), keep, resident, scratch)
+            w.k_proj = _qmatrix(matrix(p + "k_proj"), keep, resident, scratch)
+            w.v_proj = _qmatrix(matrix(p + "v_proj"), keep, resident, scratch)
+            w.o_proj = _qmatrix(matrix(p + "o_proj"), keep, resident, scratch)
+            w.gate_proj = _qmatrix(matrix(p + "gate_proj"), keep, resident, scratch)
+            w.up_proj = _qmatrix(matrix(p + "up_proj"), keep, resident, scratch)
+            w.down_proj = _qmatrix(matrix(p + "down_proj"), keep, resident, scratch)
             w.attn_norm = _gain(weights[p + "attn_norm"], keep)
             w.ffn_norm = _gain(weights[p + "ffn_norm"], keep)
             w.q_norm = _gain(weights[p + "q_norm"] if c.qk_norm else None, keep)
@@ -741,12 +779,12 @@ cdef class FastModel:
 
 def gemm(tensor, x, str activations="f32", bint resident=False):
     """out (T, rows) = x (T, cols) . w^T for a weight matrix ``tensor``
-    (Int8Tensor, Q8_0Tensor, AffineTensor or a 2-D F32Tensor) the way the forward pass computes a block of
+    (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor or a 2-D F32Tensor) the way the forward pass computes a block of
     T positions (k_gemm, or k_quantize_q8 + k_gemm_q8 when activations is
     "q8"); ``resident`` picks the in-cache variant. For tests and tools."""
     keep = []
-    cdef QMatrix m = _qmatrix(tensor, keep, resident)
     _array(x, "x", np.float32, (2,))
+    cdef QMatrix m = _qmatrix(tensor, keep, resident, _q4_k_scratch([tensor], x.shape[0], keep))
     if x.shape[1] != m.cols:
         raise ValueError(f"gemm: x has {x.shape[1]} columns, the matrix {m.cols}")
     if activations not in ACTIVATION_MODES:

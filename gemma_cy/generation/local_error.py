@@ -126,9 +126,9 @@ def tensors_of(layer: int, op: str, n_layers: int) -> list[str]:
 
 def block_type(tensor) -> str:
     """How a tensor is stored: its GGUF block type, F32, or int8 per tensor (GMW1)."""
-    from ..quant.affine import AffineTensor
+    from ..quant.affine import AffineTensor, Q4_KTensor
     from ..quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
-    if isinstance(tensor, AffineTensor):
+    if isinstance(tensor, (AffineTensor, Q4_KTensor)):
         return tensor.source
     if isinstance(tensor, Q8_0Tensor):
         return "Q8_0"

@@ -267,3 +267,54 @@ class AffineTensor:
         """One row as f32 (an embedding lookup)."""
         one = AffineTensor(self.records[index:index + 1], self.sub, self.has_offset, self.source)
         return one.dequantize()[0]
+
+
+@dataclass(frozen=True)
+class Q4_KTensor:
+    """A Q4_K weight matrix (rows, cols) held as the file stores it, for the
+    fast engine's QLAYOUT_Q4_K (gemma_cy/fast/kernels/common.pxi): ``blocks``
+    uint8 (rows, cols // 256, 144), usually a read-only zero-copy view of the
+    map, and ``ab`` f32 (rows, cols // 32, 2), each sub-block's scale a and
+    offset b, worked out once (exact f32 products, as ggml forms them). Its
+    weights are its records' (``affine()``): 0.8125 bytes per weight read
+    against the records' 1.25."""
+
+    blocks: np.ndarray
+    ab: np.ndarray
+
+    def __post_init__(self) -> None:
+        b, ab = self.blocks, self.ab
+        if not isinstance(b, np.ndarray) or b.dtype != np.uint8 or b.ndim != 3 or b.shape[-1] != 144:
+            raise TypeError("Q4_KTensor needs uint8 blocks (rows, n_blocks, 144)")
+        if not isinstance(ab, np.ndarray) or ab.dtype != np.float32 or ab.shape != (b.shape[0], b.shape[1] * 8, 2):
+            raise TypeError(f"Q4_KTensor needs f32 scales ({b.shape[0]}, {b.shape[1] * 8}, 2)")
+
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, shape: tuple[int, int]) -> Q4_KTensor:
+        """The Q4_K matrix of ``shape`` stored as ``raw`` (a view of the
+        blocks, no copy). ValueError when the bytes do not hold it."""
+        levels = to_affine(raw, GGML_TYPE_IDS["Q4_K"], shape)  # checks the size
+        rows, cols = shape
+        ab = np.ascontiguousarray(np.stack([levels.a, levels.b], axis=-1), dtype=np.float32)  # (rows, cols/32, 2)
+        return cls(np.asarray(raw, dtype=np.uint8).reshape(rows, cols // 256, 144), ab)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.blocks.shape[0], self.blocks.shape[1] * 256)
+
+    source = "Q4_K"
+
+    def levels(self) -> AffineLevels:
+        return to_affine(self.blocks, GGML_TYPE_IDS["Q4_K"], self.shape)
+
+    def affine(self) -> AffineTensor:
+        """The same weights as records (what every other path reads)."""
+        return AffineTensor.from_raw(self.blocks, GGML_TYPE_IDS["Q4_K"], self.shape)
+
+    def dequantize(self) -> np.ndarray:
+        """All weights as f32: ggml's dequantized values, bit for bit."""
+        return self.levels().values()
+
+    def row(self, index: int) -> np.ndarray:
+        """One row as f32 (an embedding lookup)."""
+        return to_affine(self.blocks[index:index + 1], GGML_TYPE_IDS["Q4_K"], (1, self.shape[1])).values()[0]

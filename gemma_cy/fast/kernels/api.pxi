@@ -17,6 +17,16 @@ cdef enum QLayout:
     QLAYOUT_Q8_0 = 1  # llama.cpp's Q8_0: int8 with one f16 scale per block of 32 (GGUF)
     QLAYOUT_AFFINE = 2  # int8 levels, an f32 scale and offset per sub-block: any other GGUF integer type, exactly
     QLAYOUT_F32 = 3  # f32 values (GGUF F32, and F16 / BF16 widened exactly at load)
+    QLAYOUT_Q4_K = 4  # ggml's Q4_K super-blocks as the file stores them, with their sub-blocks' a, b as f32
+
+# Q4_K: each run of 256 values of a row is one super-block of 144 bytes (f16
+# d, f16 dmin, 12 bytes of 6-bit scales and mins, then 128 bytes qs):
+# sub-block 2 j + 0/1 (32 values) is the low/high nibbles of qs[32 j ...].
+cdef enum:
+    Q4_K_BLOCK = 256  # values per super-block
+    Q4_K_BYTES = 144  # bytes per super-block
+    Q4_K_RECORD_BYTES = 320  # one super-block as affine records: 8 x (32 levels, a, b)
+    Q4_K_ROW_TILE = 256  # rows turned into records at a time (k_gemm, k_gemm_q8)
 
 # Q8_0: each run of 32 values of a row is one block of 34 bytes, the f16 scale
 # d (little-endian) then the 32 int8 q; a row is cols / 32 blocks back to back,
@@ -33,12 +43,16 @@ cdef struct QMatrix:
     const int8_t* q  # QLAYOUT_I8_TENSOR: (rows, cols) row-major, rows back to back, any start address
     const float* w32  # QLAYOUT_F32: (rows, cols) row-major, rows back to back
     const uint8_t* blocks  # QLAYOUT_Q8_0: (rows, cols / 32, 34) bytes, any start address;
-                           # QLAYOUT_AFFINE: (rows, cols / sub, sub + 4 [+ 4]) records, 4-byte aligned
+                           # QLAYOUT_AFFINE: (rows, cols / sub, sub + 4 [+ 4]) records, 4-byte aligned;
+                           # QLAYOUT_Q4_K: (rows, cols / 256, 144) super-blocks, any address
     float scale  # QLAYOUT_I8_TENSOR: the one scale of the tensor
     Py_ssize_t rows
     Py_ssize_t cols  # QLAYOUT_Q8_0, QLAYOUT_AFFINE: a multiple of 32
-    Py_ssize_t sub  # QLAYOUT_AFFINE: values per sub-block (16 or 32)
-    bint has_offset  # QLAYOUT_AFFINE: records carry an offset b after the scale a
+    Py_ssize_t sub  # QLAYOUT_AFFINE: values per sub-block (16 or 32); QLAYOUT_Q4_K: 32
+    bint has_offset  # QLAYOUT_AFFINE: records carry an offset b after the scale a; QLAYOUT_Q4_K: true
+    const float* ab  # QLAYOUT_Q4_K: (rows, cols / 32, 2) each sub-block's a and b (f32, exact)
+    uint8_t* scratch  # QLAYOUT_Q4_K: k_q4_k_scratch_bytes(cols, n_tokens) bytes, 64-byte aligned, that
+                      # k_gemm, k_gemm_q8 and k_matrix_row may overwrite (the owner's; one per thread)
     QLayout layout
     bint resident  # expected in cache (the whole model fits the last-level cache): see k_gemv_i8_resident
 
@@ -90,6 +104,21 @@ cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize
 # out (cols,) = one affine row's weights, exactly.
 cdef void k_dequantize_affine(float* out, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
                               bint has_offset) noexcept nogil
+
+# Q4_K rows (QLAYOUT_Q4_K; gemma_cy.quant.affine.Q4_KTensor): the file's
+# super-blocks for the levels, and each sub-block's a = d * scale and
+# b = dmin * min as f32 (worked out once at load, exactly), so that a row
+# reads 0.8125 bytes per weight against an affine record's 1.25.
+# k_q4_k_records writes one super-block (block, its 16 floats ab) as the 8
+# affine records of gemma_cy.quant.affine.AffineLevels.records: the same bytes.
+cdef void k_q4_k_records(uint8_t* rec, const uint8_t* block, const float* ab) noexcept nogil
+
+# k_dot_affine of the row's records, bit for bit, straight from the
+# super-blocks: what a decode step runs.
+cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil
+
+# The scratch a QLAYOUT_Q4_K matrix of cols columns needs for n_tokens positions.
+cdef Py_ssize_t k_q4_k_scratch_bytes(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil
 
 # out (w.rows,) = dequantized w . x (cols,), whatever w's layout; out must
 # not overlap x.

@@ -127,20 +127,14 @@ cdef inline Py_ssize_t _affine_row_bytes(const QMatrix* w) noexcept nogil:
     return w.cols // w.sub * (w.sub + 4 + (4 if w.has_offset else 0))
 
 
-cdef float _dot_affine_portable(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
-                                bint has_offset) noexcept nogil:
-    """One row of an affine matrix times x in portable C (the modules without
-    an affine kernel of their own): the order above, in 32 lane sums
-    acc[8 g + j] (column 8 g + j of every 32-value block; one loop -O3
-    vectorizes), unfused (the modules that run it are built with
-    -ffp-contract=off)."""
-    cdef float acc[32]
-    cdef float lanes[8]
+cdef inline const uint8_t* _affine_portable_acc(float* acc, const uint8_t* rec, const float* x, Py_ssize_t cols,
+                                                Py_ssize_t sub, bint has_offset) noexcept nogil:
+    """acc[8 g + j] += the exact weights of the next cols values (records at
+    rec) times x, column 8 g + j of every 32-value block; returns the record
+    after them."""
     cdef float a, b = 0
     cdef const int8_t* q
     cdef Py_ssize_t rb = sub + 4 + (4 if has_offset else 0), k, h, j
-    for j in range(32):
-        acc[j] = 0
     for k in range(cols // 32):
         h = 0
         while h < 32:  # one record of 32, or two of 16
@@ -153,9 +147,44 @@ cdef float _dot_affine_portable(const uint8_t* rec, const float* x, Py_ssize_t c
             rec += rb
             h += sub
         x += 32
+    return rec
+
+
+cdef inline float _affine_portable_sum(const float* acc) noexcept nogil:
+    cdef float lanes[8]
+    cdef Py_ssize_t j
     for j in range(8):
         lanes[j] = (acc[j] + acc[8 + j]) + (acc[16 + j] + acc[24 + j])
     return _sum8(lanes)
+
+
+cdef float _dot_affine_portable(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
+                                bint has_offset) noexcept nogil:
+    """One row of an affine matrix times x in portable C (the modules without
+    an affine kernel of their own): the order above, in 32 lane sums
+    acc[8 g + j] (column 8 g + j of every 32-value block; one loop -O3
+    vectorizes), unfused (the modules that run it are built with
+    -ffp-contract=off)."""
+    cdef float acc[32]
+    cdef Py_ssize_t j
+    for j in range(32):
+        acc[j] = 0
+    _affine_portable_acc(acc, rec, x, cols, sub, has_offset)
+    return _affine_portable_sum(acc)
+
+
+cdef float _dot_q4_k_portable(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
+    """k_dot_q4_k for the modules without their own: _dot_affine_portable of
+    the row's records, one super-block's records at a time."""
+    cdef float acc[32]
+    cdef uint8_t rec[Q4_K_RECORD_BYTES]
+    cdef Py_ssize_t j, k
+    for j in range(32):
+        acc[j] = 0
+    for k in range(cols // Q4_K_BLOCK):
+        k_q4_k_records(rec, row + k * Q4_K_BYTES, ab + 16 * k)
+        _affine_portable_acc(acc, rec, x + k * Q4_K_BLOCK, Q4_K_BLOCK, 32, True)
+    return _affine_portable_sum(acc)
 
 
 cdef void k_dequantize_affine(float* out, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
@@ -208,6 +237,77 @@ cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize
         out[r] = k_dot_affine(rec + r * row_bytes, x, cols, sub, has_offset)
 
 
+# --- Q4_K matrices (QLAYOUT_Q4_K): rows read as the file stores them. Every
+# path but the decode GEMV turns super-blocks into the affine records above
+# (the bytes of gemma_cy.quant.affine.AffineLevels.records) and runs the
+# affine kernels on them, Q4_K_ROW_TILE rows at a time in the matrix's
+# scratch; the GEMV (k_dot_q4_k, in each dot_<isa>.pxi) unpacks the nibbles
+# in registers in k_dot_affine's order. So a Q4_K matrix gives bit for bit
+# what its records would, on every path.
+
+cdef void k_q4_k_records(uint8_t* rec, const uint8_t* block, const float* ab) noexcept nogil:
+    cdef const uint8_t* qs
+    cdef uint8_t* out
+    cdef Py_ssize_t j, l
+    for j in range(4):  # sub-blocks 2 j and 2 j + 1: the low and high nibbles of the same 32 bytes
+        qs = block + 16 + 32 * j
+        out = rec + 80 * j
+        for l in range(32):
+            out[l] = qs[l] & 0x0F
+            out[40 + l] = qs[l] >> 4
+    for j in range(8):
+        memcpy(rec + 40 * j + 32, ab + 2 * j, 8)
+
+
+cdef Py_ssize_t k_q4_k_scratch_bytes(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
+    # a tile of rows as records, then its (n_tokens, tile) outputs
+    cdef Py_ssize_t records = Q4_K_ROW_TILE * (cols // Q4_K_BLOCK) * Q4_K_RECORD_BYTES
+    return (records + 63) // 64 * 64 + Q4_K_ROW_TILE * max(n_tokens, 1) * <Py_ssize_t> sizeof(float)
+
+
+cdef inline QMatrix _records_of_rows(const QMatrix* w, Py_ssize_t row, Py_ssize_t n_rows) noexcept nogil:
+    """Rows row .. row + n_rows - 1 of a Q4_K matrix as an affine matrix in its
+    scratch (records written now)."""
+    cdef QMatrix m = w[0]
+    cdef Py_ssize_t nb = w.cols // Q4_K_BLOCK, r, k
+    for r in range(n_rows):
+        for k in range(nb):
+            k_q4_k_records(w.scratch + (r * nb + k) * Q4_K_RECORD_BYTES,
+                           w.blocks + ((row + r) * nb + k) * Q4_K_BYTES, w.ab + ((row + r) * nb + k) * 16)
+    m.layout = QLAYOUT_AFFINE
+    m.blocks = w.scratch
+    m.rows = n_rows
+    m.resident = True  # just written: in cache
+    return m
+
+
+cdef void _gemm_q4_k(float* out, const QMatrix* w, const float* x, const int8_t* xq, const float* xd,
+                     Py_ssize_t n_tokens, float* scratch) noexcept nogil:
+    """k_gemm (xq NULL) or k_gemm_q8 of a Q4_K matrix: Q4_K_ROW_TILE rows at a
+    time as records, through the affine path, their outputs copied into
+    place (each row's result is its own: the same bits however rows are tiled)."""
+    cdef Py_ssize_t r0 = 0, n, t, records = Q4_K_ROW_TILE * (w.cols // Q4_K_BLOCK) * Q4_K_RECORD_BYTES
+    cdef QMatrix tile
+    cdef float* tile_out = <float*> (w.scratch + (records + 63) // 64 * 64)
+    while r0 < w.rows:
+        n = min(<Py_ssize_t> Q4_K_ROW_TILE, w.rows - r0)
+        tile = _records_of_rows(w, r0, n)
+        if xq == NULL:
+            k_gemm(tile_out, &tile, x, n_tokens, scratch)
+        else:
+            k_gemm_q8(tile_out, &tile, xq, xd, n_tokens)
+        for t in range(n_tokens):
+            memcpy(out + t * w.rows + r0, tile_out + t * n, n * sizeof(float))
+        r0 += n
+
+
+cdef void k_gemv_q4_k(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    cdef Py_ssize_t r, nb = w.cols // Q4_K_BLOCK
+    for r in range(w.rows):
+        _prefetch_row(w.blocks + r * nb * Q4_K_BYTES, nb * Q4_K_BYTES)
+        out[r] = k_dot_q4_k(w.blocks + r * nb * Q4_K_BYTES, w.ab + r * nb * 16, x, w.cols)
+
+
 cdef void _gemv_f32_rows(float* out, const float* w, const float* x, Py_ssize_t rows,
                          Py_ssize_t cols) noexcept nogil:
     """An f32 matrix times x, one row at a time (k_dot_f32 each: the module's
@@ -230,12 +330,16 @@ cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
         k_gemv_affine(out, w.blocks, x, w.rows, w.cols, w.sub, w.has_offset)
     elif w.layout == QLAYOUT_F32:
         _gemv_f32_rows(out, w.w32, x, w.rows, w.cols)
+    elif w.layout == QLAYOUT_Q4_K:
+        k_gemv_q4_k(out, w, x)
 
 
 cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                  float* scratch) noexcept nogil:
     if n_tokens == 1:
         k_matvec(out, w, x)
+    elif w.layout == QLAYOUT_Q4_K:
+        _gemm_q4_k(out, w, x, NULL, NULL, n_tokens, scratch)
     else:
         _gemm(out, w, x, n_tokens, scratch)  # each module's own (dot_<isa>.pxi)
 
@@ -279,6 +383,9 @@ cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float*
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if w.layout == QLAYOUT_Q8_0 else (
         _affine_row_bytes(w) if w.layout == QLAYOUT_AFFINE else cols)
     cdef const uint8_t* base = <const uint8_t*> w.q if w.layout == QLAYOUT_I8_TENSOR else w.blocks
+    if w.layout == QLAYOUT_Q4_K:
+        _gemm_q4_k(out, w, NULL, xq, xd, n_tokens, NULL)
+        return
     if n_tokens == 1 and not w.resident:
         for r in range(rows):
             _prefetch_row(base + r * row_bytes, row_bytes)
@@ -298,6 +405,7 @@ cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float*
 
 cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:
     cdef Py_ssize_t nb
+    cdef QMatrix tile
     if w.layout == QLAYOUT_I8_TENSOR:
         k_dequantize_i8(out, w.q + row * w.cols, w.scale, w.cols)
     elif w.layout == QLAYOUT_Q8_0:
@@ -307,6 +415,9 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
         k_dequantize_affine(out, w.blocks + row * _affine_row_bytes(w), w.cols, w.sub, w.has_offset)
     elif w.layout == QLAYOUT_F32:
         memcpy(out, w.w32 + row * w.cols, w.cols * sizeof(float))
+    elif w.layout == QLAYOUT_Q4_K:
+        tile = _records_of_rows(w, row, 1)
+        k_dequantize_affine(out, tile.blocks, w.cols, w.sub, w.has_offset)
 
 
 cdef inline uint16_t _load_u16(const uint8_t* p) noexcept nogil:

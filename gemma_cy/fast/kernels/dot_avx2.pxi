@@ -48,6 +48,10 @@ cdef extern from "immintrin.h" nogil:
         pass
     __m128i _mm_loadl_epi64(const __m128i* p)  # 8 bytes, any alignment
     __m256i _mm256_cvtepi8_epi32(__m128i a)
+    __m256i _mm256_cvtepu8_epi32(__m128i a)
+    __m256i _mm256_and_si256(__m256i a, __m256i b)
+    __m256i _mm256_srli_epi32(__m256i a, int imm)
+    __m256i _mm256_set1_epi32(int a)
     __m256 _mm256_cvtepi32_ps(__m256i a)
     __m256 _mm256_loadu_ps(const float* p)
     __m256 _mm256_setzero_ps()
@@ -494,47 +498,73 @@ cdef inline __m256 _affine8(const int8_t* q, __m256 a, __m256 b, bint has_offset
     return _mm256_sub_ps(w, b) if has_offset else w
 
 
+cdef inline const uint8_t* _affine_block32(__m256* acc, const uint8_t* rec, const float* x, Py_ssize_t sub,
+                                           bint has_offset, Py_ssize_t rb) noexcept nogil:
+    """acc[g] += the exact weights of the next 32 values' group g times
+    x[8 g: 8 g + 8] (one record of 32, or two of 16); returns the record
+    after them."""
+    cdef const int8_t* q = <const int8_t*> rec
+    cdef __m256 va = _mm256_set1_ps(_load_f32(rec + sub))
+    cdef __m256 vb = _mm256_set1_ps(_load_f32(rec + sub + 4)) if has_offset else _mm256_setzero_ps()
+    acc[0] = _mm256_fmadd_ps(_affine8(q, va, vb, has_offset), _mm256_loadu_ps(x), acc[0])
+    acc[1] = _mm256_fmadd_ps(_affine8(q + 8, va, vb, has_offset), _mm256_loadu_ps(x + 8), acc[1])
+    if sub == 16:  # the next 16 values are the next record's
+        rec += rb
+        q = <const int8_t*> rec
+        va = _mm256_set1_ps(_load_f32(rec + 16))
+        if has_offset:
+            vb = _mm256_set1_ps(_load_f32(rec + 20))
+        acc[2] = _mm256_fmadd_ps(_affine8(q, va, vb, has_offset), _mm256_loadu_ps(x + 16), acc[2])
+        acc[3] = _mm256_fmadd_ps(_affine8(q + 8, va, vb, has_offset), _mm256_loadu_ps(x + 24), acc[3])
+    else:
+        acc[2] = _mm256_fmadd_ps(_affine8(q + 16, va, vb, has_offset), _mm256_loadu_ps(x + 16), acc[2])
+        acc[3] = _mm256_fmadd_ps(_affine8(q + 24, va, vb, has_offset), _mm256_loadu_ps(x + 24), acc[3])
+    return rec + rb
+
+
+cdef inline float _affine_acc_sum(const __m256* acc) noexcept nogil:
+    cdef float lanes[8]
+    _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+    return _sum8(lanes)
+
+
 cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
                         bint has_offset) noexcept nogil:
-    cdef __m256 a0 = _mm256_setzero_ps()
-    cdef __m256 a1 = _mm256_setzero_ps()
-    cdef __m256 a2 = _mm256_setzero_ps()
-    cdef __m256 a3 = _mm256_setzero_ps()
-    cdef __m256 va, vb = _mm256_setzero_ps()
-    cdef const int8_t* q
-    cdef Py_ssize_t k, rb = sub + 4 + (4 if has_offset else 0), nb = cols // 32
-    cdef float lanes[8]
-    if sub == 32:
-        for k in range(nb):
-            q = <const int8_t*> rec
-            va = _mm256_set1_ps(_load_f32(rec + 32))
-            if has_offset:
-                vb = _mm256_set1_ps(_load_f32(rec + 36))
-            a0 = _mm256_fmadd_ps(_affine8(q, va, vb, has_offset), _mm256_loadu_ps(x), a0)
-            a1 = _mm256_fmadd_ps(_affine8(q + 8, va, vb, has_offset), _mm256_loadu_ps(x + 8), a1)
-            a2 = _mm256_fmadd_ps(_affine8(q + 16, va, vb, has_offset), _mm256_loadu_ps(x + 16), a2)
-            a3 = _mm256_fmadd_ps(_affine8(q + 24, va, vb, has_offset), _mm256_loadu_ps(x + 24), a3)
-            rec += rb
-            x += 32
-    else:  # two records of 16 per 32-value block
-        for k in range(nb):
-            q = <const int8_t*> rec
-            va = _mm256_set1_ps(_load_f32(rec + 16))
-            if has_offset:
-                vb = _mm256_set1_ps(_load_f32(rec + 20))
-            a0 = _mm256_fmadd_ps(_affine8(q, va, vb, has_offset), _mm256_loadu_ps(x), a0)
-            a1 = _mm256_fmadd_ps(_affine8(q + 8, va, vb, has_offset), _mm256_loadu_ps(x + 8), a1)
-            rec += rb
-            q = <const int8_t*> rec
-            va = _mm256_set1_ps(_load_f32(rec + 16))
-            if has_offset:
-                vb = _mm256_set1_ps(_load_f32(rec + 20))
-            a2 = _mm256_fmadd_ps(_affine8(q, va, vb, has_offset), _mm256_loadu_ps(x + 16), a2)
-            a3 = _mm256_fmadd_ps(_affine8(q + 8, va, vb, has_offset), _mm256_loadu_ps(x + 24), a3)
-            rec += rb
-            x += 32
-    _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)))
-    return _sum8(lanes)
+    cdef __m256 acc[4]
+    cdef Py_ssize_t k, rb = sub + 4 + (4 if has_offset else 0)
+    acc[0] = _mm256_setzero_ps()
+    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
+    for k in range(cols // 32):
+        rec = _affine_block32(acc, rec, x + 32 * k, sub, has_offset, rb)
+    return _affine_acc_sum(acc)
+
+
+cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
+    # k_dot_affine's order with the levels unpacked in registers: group g (8
+    # values) of sub-block 2 j, the low nibbles of qs[8 g ...], into acc[g],
+    # then the same group of sub-block 2 j + 1, their high nibbles
+    cdef __m256 acc[4]
+    cdef __m256i m15 = _mm256_set1_epi32(15), v
+    cdef __m256 a_lo, b_lo, a_hi, b_hi
+    cdef const uint8_t* qs
+    cdef Py_ssize_t j, g, n = cols // 64  # pairs of sub-blocks
+    acc[0] = _mm256_setzero_ps()
+    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
+    for j in range(n):
+        qs = row + (j // 4) * Q4_K_BYTES + 16 + 32 * (j % 4)
+        a_lo = _mm256_set1_ps(ab[0])
+        b_lo = _mm256_set1_ps(ab[1])
+        a_hi = _mm256_set1_ps(ab[2])
+        b_hi = _mm256_set1_ps(ab[3])
+        for g in range(4):
+            v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*> (qs + 8 * g)))
+            acc[g] = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m15)), a_lo),
+                                                   b_lo), _mm256_loadu_ps(x + 8 * g), acc[g])
+            acc[g] = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), a_hi),
+                                                   b_hi), _mm256_loadu_ps(x + 32 + 8 * g), acc[g])
+        ab += 4
+        x += 64
+    return _affine_acc_sum(acc)
 
 
 cdef inline void _affine_grouped(float* out, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,

@@ -33,6 +33,10 @@ cdef extern from "immintrin.h" nogil:
     __m512 _mm512_set1_ps(float a)
     void _mm512_storeu_ps(void* p, __m512 a)
     float _cvtsh_ss(unsigned short h)  # F16C: one f16 -> f32, exact
+    __m512i _mm512_cvtepu8_epi32(__m128i a)
+    __m512i _mm512_and_si512(__m512i a, __m512i b)
+    __m512i _mm512_srli_epi32(__m512i a, unsigned int imm)
+    __m512i _mm512_set1_epi32(int a)
 
 
 cdef inline __m512 _widen16(const int8_t* q) noexcept nogil:
@@ -172,5 +176,40 @@ cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_
         k += 2
     if k < nb:
         _affine32(&acc[0], &acc[1], rec, x, sub, has_offset, rb)
+    _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+    return _sum8(lanes) + _sum8(lanes + 8)
+
+
+cdef inline __m512 _q4_k16(__m512i levels, __m512 a, __m512 b) noexcept nogil:
+    """_affine16's exact weights f32(f32(a * q) - b), from 16 levels in int32 lanes."""
+    return _mm512_sub_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(levels), a), b)
+
+
+cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
+    # k_dot_affine's order with the levels unpacked in registers: sub-block
+    # 2 j is the low nibbles of 32 bytes (its values 0-15 into acc[0], 16-31
+    # into acc[1]), sub-block 2 j + 1 their high nibbles (acc[2], acc[3])
+    cdef __m512 acc[4]
+    cdef __m512i m15 = _mm512_set1_epi32(15), b0, b1
+    cdef __m512 a_lo, b_lo, a_hi, b_hi
+    cdef const uint8_t* qs
+    cdef Py_ssize_t j, n = cols // 64  # pairs of sub-blocks
+    cdef float lanes[16]
+    acc[0] = _mm512_setzero_ps()
+    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
+    for j in range(n):
+        qs = row + (j // 4) * Q4_K_BYTES + 16 + 32 * (j % 4)
+        a_lo = _mm512_set1_ps(ab[0])
+        b_lo = _mm512_set1_ps(ab[1])
+        a_hi = _mm512_set1_ps(ab[2])
+        b_hi = _mm512_set1_ps(ab[3])
+        b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> qs))
+        b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (qs + 16)))
+        acc[0] = _mm512_fmadd_ps(_q4_k16(_mm512_and_si512(b0, m15), a_lo, b_lo), _mm512_loadu_ps(x), acc[0])
+        acc[1] = _mm512_fmadd_ps(_q4_k16(_mm512_and_si512(b1, m15), a_lo, b_lo), _mm512_loadu_ps(x + 16), acc[1])
+        acc[2] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(b0, 4), a_hi, b_hi), _mm512_loadu_ps(x + 32), acc[2])
+        acc[3] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi), _mm512_loadu_ps(x + 48), acc[3])
+        ab += 4
+        x += 64
     _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
     return _sum8(lanes) + _sum8(lanes + 8)

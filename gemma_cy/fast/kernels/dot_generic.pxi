@@ -92,3 +92,7 @@ cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcep
 cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
                         bint has_offset) noexcept nogil:
     return _dot_affine_portable(rec, x, cols, sub, has_offset)
+
+
+cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
+    return _dot_q4_k_portable(row, ab, x, cols)
