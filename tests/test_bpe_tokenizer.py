@@ -97,6 +97,20 @@ def test_control_tokens_are_text_unless_parse_special(tok):
     assert tok.encode("<|im_start", parse_special=True) == tok.encode("<|im_start")
 
 
+def test_piece_cache_keeps_only_short_pieces(tok):
+    """Long pieces are encoded the same, but not remembered: a hostile text of
+    many long distinct words cannot grow the cache past CACHE_LIMIT short
+    pieces (the tokenize fuzz harness grew 81 MB before)."""
+    from gemma_cy.tokenizers import bpe
+
+    long_words = [("abcdefgh"[i % 8] + "e") * 40 + str(i) for i in range(3)]
+    first = [tok.encode(w) for w in long_words]
+    assert [tok.encode(w) for w in long_words] == first and all(first)
+    assert all(len(piece) <= bpe.CACHE_PIECE_CHARS for piece in tok._cache)
+    tok.encode("the")
+    assert "the" in tok._cache
+
+
 def test_decode_and_ids(tok):
     assert tok.decode(tok.encode("Hello  world\n")) == "Hello  world\n"
     assert tok.decode([1, *tok.encode("x"), 2]) == "x"  # control tokens decode to nothing

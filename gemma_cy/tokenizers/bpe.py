@@ -15,7 +15,8 @@ no normalizer), which llama.cpp's pre-tokenizer "smollm" also implements:
    a hand-written scanner over Unicode categories);
 2. each piece's UTF-8 bytes become byte symbols, then the adjacent pair with
    the lowest merge rank is merged (leftmost on ties) until no pair has a
-   merge. Results are cached per piece.
+   merge. Results are cached per piece (pieces of up to CACHE_PIECE_CHARS
+   characters, CACHE_LIMIT of them).
 
 A byte whose symbol is not in the vocab (SmolLM2's lacks 21, among them
 0x04, 0xC0 and 0xF5..0xFF) is dropped, as HF (a BPE without ``unk_token``)
@@ -50,6 +51,7 @@ WHITESPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\
 CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an ASCII apostrophe; case-sensitive
 LETTER, NUMBER, SPACE, OTHER = range(4)
 CACHE_LIMIT = 1 << 16  # pieces remembered; the cache starts over past this
+CACHE_PIECE_CHARS = 64  # longer pieces are not remembered: the cache stays under ~70 MB however hostile the text
 
 
 def byte_alphabet() -> list[str]:
@@ -243,9 +245,11 @@ class BPETokenizer(PieceTable):
         for piece in self._pieces(text):
             got = cache.get(piece)
             if got is None:
-                if len(cache) >= CACHE_LIMIT:
-                    cache.clear()
-                got = cache[piece] = self._bpe(piece.encode("utf-8", "surrogateescape"))
+                got = self._bpe(piece.encode("utf-8", "surrogateescape"))
+                if len(piece) <= CACHE_PIECE_CHARS:
+                    if len(cache) >= CACHE_LIMIT:
+                        cache.clear()
+                    cache[piece] = got
             ids += got
         return ids
 
