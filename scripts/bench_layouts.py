@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--isa", default=None, help="SIMD module (default: the one ops picks)")
     p.add_argument("--repeat", type=int, default=7)
     a = p.parse_args()
-    m = ops.module_for(a.isa) if a.isa else ops._impl
+    m = ops.module_for(a.isa or ops.ISA)
     gf = parse_gguf(default_model_path())
     names = {"Q4_K": "blk.0.attn_output.weight", "Q6_K": "blk.0.ffn_down.weight"}
     print(f"SIMD module: {m.__name__.rsplit('_', 1)[-1]}")
