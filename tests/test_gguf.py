@@ -995,3 +995,86 @@ def test_dump_names_each_matrix_layout_and_the_simd_module(real_model):
     down = next(line for line in lines if line.split()[:1] == ["layers.0.down_proj"])
     assert o_proj.endswith("Q4_K as stored, with each sub-block's scale and offset as f32")
     assert down.endswith("Q6_K as affine int8 levels, sub-blocks of 16")
+
+
+# -- string arrays stay where they lie in the map; their UTF-8 is checked at parse
+_written = iter(range(10**9))
+
+
+def _string_array_file(tmp_path, items: list[bytes]):
+    """A GGUF whose one metadata key "k" is the array of ``items``, in a new file."""
+    kv = gstr("k") + struct.pack("<IIQ", G.ARRAY, G.STRING, len(items)) + b"".join(gstr(b) for b in items)
+    return put(tmp_path, gguf_bytes([kv]), name=f"strings{next(_written)}.gguf")
+
+
+_TEXTS = st.lists(st.text(alphabet=st.characters(codec="utf-8"), max_size=6), max_size=40)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=_TEXTS)
+def test_string_array_reads_back_every_string(tmp_path, texts):
+    gf = parse_gguf(_string_array_file(tmp_path, [t.encode() for t in texts]))
+    strings = gf.value("k")
+    assert strings == texts and list(strings) == texts and len(strings) == len(texts)
+    assert strings.raw_list() == [t.encode() for t in texts]
+    for i, t in enumerate(texts):
+        assert strings[i] == t and strings.index_of(t.encode()) == texts.index(t)
+    assert strings.index_of("\x00not there".encode()) is None
+    assert strings[1:3] == texts[1:3]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=_TEXTS, data=st.data())
+def test_string_array_names_the_first_invalid_string(tmp_path, texts, data):
+    """A string that is not UTF-8 on its own is refused by index, even where it
+    and its neighbours would join into valid UTF-8 (the check sees each
+    string alone, as a per-string decode would)."""
+    items = [t.encode() for t in texts]
+    at = data.draw(st.integers(0, len(items)))
+    bad = data.draw(st.sampled_from([b"\xc3", b"\xa9", b"\xe2\x82", b"\xff", b"a\x80", b"\xed\xa0\x80"]))
+    items.insert(at, bad)
+    if at + 1 < len(items) and bad == b"\xc3":
+        items[at + 1] = b"\xa9" + items[at + 1]  # joined, "\xc3\xa9" would be "é"
+    first_bad = next(i for i, b in enumerate(items) if not _utf8(b))
+    with pytest.raises(ModelFormatError, match=rf"metadata 'k'\[{first_bad}\]: not valid UTF-8"):
+        parse_gguf(_string_array_file(tmp_path, items))
+
+
+def _utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_string_array_digest_is_of_the_bytes_in_the_file(tmp_path):
+    a = parse_gguf(_string_array_file(tmp_path, [b"x", b"yz"])).value("k")
+    b = parse_gguf(_string_array_file(tmp_path, [b"x", b"yz"])).value("k")
+    c = parse_gguf(_string_array_file(tmp_path, [b"xy", b"z"])).value("k")
+    assert a.digest() == b.digest() != c.digest()
+
+
+def _mapped_rss_kb(path) -> int:
+    """Resident kB of this process's maps of ``path`` (/proc/self/smaps)."""
+    total, here = 0, False
+    for line in open("/proc/self/smaps"):
+        if "-" in line.split(" ", 1)[0] and not line[0].isupper():
+            here = line.rstrip().endswith(str(path))
+        elif here and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_parse_leaves_the_tensor_data_unmapped(tmp_path):
+    """Checking every block scale reads every page of the data; those pages are
+    released after each tensor, so a parsed file is not resident in the process."""
+    rows = 4096
+    blocks = np.zeros((rows, 64, 34), np.uint8)  # Q8_0 (4096, 2048): 8.9 MB
+    blocks[:, :, 1] = 0x3C  # d = 1.0
+    path = put(tmp_path, gguf_bytes([], [tinfo("w", [2048, rows], T["Q8_0"], 0)], blocks.tobytes()))
+    gf = parse_gguf(path)
+    assert _mapped_rss_kb(path) < 1024, "the tensor's pages stayed mapped after the check"
+    assert int(gf.raw("w")[1::34].min()) == 0x3C  # and the data reads back through the map
+    assert _mapped_rss_kb(path) > 4096

@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..formats.mapped import release_pages
 from ..quant.affine import Q4_KTensor
 from ..quant.tensors import Int8Tensor, Q8_0Tensor
 
@@ -62,10 +63,7 @@ def _release(source: mmap.mmap, start: int, stop: int) -> None:
     """Drop this process's mapping of the whole pages inside the address range
     [start, stop) of ``source`` (a read-only shared file map)."""
     map_start = np.frombuffer(source, np.uint8, count=1).ctypes.data
-    first = -(-(start - map_start) // mmap.PAGESIZE) * mmap.PAGESIZE
-    last = (stop - map_start) // mmap.PAGESIZE * mmap.PAGESIZE
-    if last > first:
-        source.madvise(mmap.MADV_DONTNEED, first, last - first)
+    release_pages(source, start - map_start, stop - map_start)
 
 
 def _copy_releasing(dst: np.ndarray, src: np.ndarray, source: mmap.mmap) -> None:

@@ -19,7 +19,8 @@ from ..quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, Q4_KTensor
 from ..quant.types import GGML_TYPE_IDS
 from ..quant.ggml import BF16, F16, dequantize, is_exact_in_q8_0, to_q8_0
 from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
-from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, close_quietly, parse_gguf, type_name)
+from .mapped import release_pages
+from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, StringArray, close_quietly, parse_gguf, type_name)
 
 SUPPORTED_ARCHITECTURES = ("gemma3", "llama")
 
@@ -262,13 +263,11 @@ def _check_vocab_metadata(gf: GGUFFile, vocab_size: int) -> None:
 
 
 def _token_id(gf: GGUFFile, piece: str) -> int | None:
+    """The first id of ``piece`` in the file's vocabulary, or None."""
     tokens = gf.value("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list):
+    if not isinstance(tokens, StringArray):
         return None
-    try:
-        return tokens.index(piece)
-    except ValueError:
-        return None
+    return tokens.index_of(piece.encode("utf-8"))
 
 
 def check_model_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, str]:
@@ -334,18 +333,26 @@ def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | AffineTenso
                                        offset=t.offset).reshape(t.shape))
     try:
         if len(t.dims) == 2 and t.ggml_type in (F16, BF16):  # widened to f32: every value exact
-            return F32Tensor(np.ascontiguousarray(dequantize(gf.raw(g), t.ggml_type, t.shape), np.float32))
+            return _laid_out(gf, t, F32Tensor(np.ascontiguousarray(dequantize(gf.raw(g), t.ggml_type, t.shape),
+                                                                   np.float32)))
         if len(t.dims) == 2 and is_exact_in_q8_0(t.ggml_type):
-            return Q8_0Tensor(to_q8_0(gf.raw(g), t.ggml_type, t.shape))
+            return _laid_out(gf, t, Q8_0Tensor(to_q8_0(gf.raw(g), t.ggml_type, t.shape)))
         if len(t.dims) == 2 and t.ggml_type == GGML_TYPE_IDS["Q4_K"]:
             return Q4_KTensor.from_raw(gf.raw(g), t.shape)
         if len(t.dims) == 2 and t.ggml_type in DECOMPOSERS:
-            return AffineTensor.from_raw(gf.raw(g), t.ggml_type, t.shape)
+            return _laid_out(gf, t, AffineTensor.from_raw(gf.raw(g), t.ggml_type, t.shape))
     except ValueError as e:
         raise ModelFormatError(f"{gf.path}: tensor {g!r} ({t.type_name}): {e}") from None
     raise ModelFormatError(
         f"{gf.path}: tensor {g!r} is {t.type_name} with {len(t.dims)} dims; the engines run F32 vectors and "
         f"F32, F16, BF16 matrices and those of the integer block types ({', '.join(AFFINE_TYPES)})")
+
+
+def _laid_out(gf: GGUFFile, t, tensor):
+    """``tensor``, laid out at load from ``t``'s bytes, which are not read
+    again: their pages of the map are released (docs/architecture.md#memory)."""
+    release_pages(gf.mm, t.offset, t.offset + t.nbytes)
+    return tensor
 
 
 def _dequantized_tensor(gf: GGUFFile, g: str) -> F32Tensor:

@@ -30,10 +30,13 @@ read, write or convert, and serves the tests as an independent check.
 """
 from __future__ import annotations
 
+import array
+import hashlib
 import math
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +44,7 @@ import numpy as np
 
 from ..errors import ModelFormatError
 from ..quant.types import GGML_TYPE_IDS, GGML_TYPES
-from .mapped import map_file
+from .mapped import map_file, release_pages
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -88,7 +91,7 @@ F32_ID, Q8_0_ID = GGML_TYPE_IDS["F32"], GGML_TYPE_IDS["Q8_0"]
 class Field:
     """One metadata value: its GGUF ``type``, the value, and for an ARRAY the
     ``item_type``. Numeric arrays are read-only NumPy views of the file (BOOL
-    arrays: np.bool_), string arrays lists of str."""
+    arrays: np.bool_), string arrays StringArrays (sequences of str)."""
 
     type: int
     value: Any
@@ -272,28 +275,43 @@ class _Parser:
         self.pos += least
         return Field(ARRAY, values, item_type)
 
-    def _strings(self, count: int, what: str) -> list[str]:
+    def _strings(self, count: int, what: str) -> StringArray:
         """``count`` strings back to back (``string`` unrolled: a vocabulary
-        has ~262k of them)."""
-        mm, pos, size, unpack = self.mm, self.pos, self.size, U64.unpack_from
-        out = [b""] * count
-        for i in range(count):
-            if size - pos < 8:
-                self.pos = pos
-                self.need(8, f"{what}[{i}] length")
-            (n,) = unpack(mm, pos)
-            pos += 8
-            if n > size - pos:
-                raise self.fail(f"{what}[{i}]: length {n} at offset {pos - 8} is larger than the "
-                                f"{size - pos} bytes left")
-            out[i] = mm[pos:pos + n]
-            pos += n
-        self.pos = pos
+        has ~262k of them), left where they lie in the map; their UTF-8 is
+        checked all at once (each string's length bytes zeroed in a copy of
+        the array: a NUL ends any multi-byte sequence, so no character can
+        run from one string into the next)."""
+        pos, size, unpack = self.pos, self.size, U64.unpack_from
+        starts = array.array("q", bytes(8 * count))  # no int object kept per string
+        with memoryview(self.mm) as mv:
+            for i in range(count):
+                if size - pos < 8:
+                    self.pos = pos
+                    self.need(8, f"{what}[{i}] length")
+                (n,) = unpack(mv, pos)
+                pos += 8
+                if n > size - pos:
+                    raise self.fail(f"{what}[{i}]: length {n} at offset {pos - 8} is larger than the "
+                                    f"{size - pos} bytes left")
+                starts[i] = pos
+                pos += n
+        first, self.pos = self.pos, pos
+        strings = StringArray(self.mm, np.frombuffer(starts, dtype=np.int64), first, pos)
+        copy = np.frombuffer(self.mm, np.uint8, count=pos - first, offset=first).copy()
+        length_bytes = np.zeros(copy.size + 1, np.int8)
+        length_bytes[strings.starts - 8 - first] += 1  # each index once per statement
+        length_bytes[strings.starts - first] -= 1
+        copy[np.cumsum(length_bytes[:-1], dtype=np.int8) > 0] = 0
         try:
-            return [b.decode("utf-8") for b in out]
+            copy.tobytes().decode("utf-8")
         except UnicodeDecodeError as e:
-            bad = next(i for i, b in enumerate(out) if not _is_utf8(b))
-            raise self.fail(f"{what}[{bad}]: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            bad = int(np.searchsorted(strings.starts, first + e.start, side="right")) - 1
+            try:
+                strings.raw(bad).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise self.fail(f"{what}[{bad}]: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            raise self.fail(f"{what}[{bad}]: not valid UTF-8 ({e.reason})") from None
+        return strings
 
     def _alignment(self, fields: dict[str, Field]) -> int:
         f = fields.get("general.alignment")
@@ -404,14 +422,65 @@ class _Parser:
             where = int(np.argmax(bad))
             unit = "value" if name in ("F32", "F16", "F64", "BF16") else "block scale"
             raise self.fail(f"tensor {t.name!r} ({name}): NaN or Inf in {unit} #{where}")
+        release_pages(self.mm, t.offset, t.offset + t.nbytes)  # read once here: not resident for it
 
 
-def _is_utf8(b: bytes) -> bool:
-    try:
-        b.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+class StringArray(Sequence):
+    """A GGUF array of strings where it lies in the file's map (checked UTF-8):
+    a read-only sequence of str (decoded as read; equal to a list or tuple
+    of the same strings), ``raw(i)`` / ``raw_list()`` for the bytes, and
+    ``digest()`` of the array's bytes in the file, what a cache built from
+    the strings is keyed by (gemma_cy.tokenizers.sp)."""
+
+    def __init__(self, mm: mmap.mmap, starts: np.ndarray, first: int, stop: int) -> None:
+        self.mm, self.starts, self.first, self.stop = mm, starts, first, stop
+        # each string ends where the next one's 8-byte length begins
+        self.ends = np.append(starts[1:] - 8, stop) if starts.size else starts
+
+    def __len__(self) -> int:
+        return self.starts.size
+
+    def raw(self, i: int) -> bytes:
+        return self.mm[self.starts[i]:self.ends[i]]
+
+    def raw_list(self) -> list[bytes]:
+        mm = self.mm
+        return [mm[a:b] for a, b in zip(self.starts.tolist(), self.ends.tolist())]
+
+    def index_of(self, raw: bytes) -> int | None:
+        """The first index whose string is ``raw``, or None (a search of the
+        file's bytes for the string with its length, kept where a string
+        starts)."""
+        pattern = U64.pack(len(raw)) + raw
+        at = self.mm.find(pattern, self.first, self.stop)
+        while at >= 0:
+            i = int(np.searchsorted(self.starts, at + 8))
+            if i < self.starts.size and self.starts[i] == at + 8 and self.ends[i] == at + len(pattern):
+                return i
+            at = self.mm.find(pattern, at + 1, self.stop)
+        return None
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.raw(i).decode("utf-8")
+
+    def __iter__(self):
+        return (b.decode("utf-8") for b in self.raw_list())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (StringArray, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"StringArray({len(self)} strings at offset {self.first})"
+
+    def digest(self) -> str:
+        """BLAKE2b (128 bits, hex) of the array's bytes in the file (each
+        string with its length)."""
+        with memoryview(self.mm) as mv:
+            return hashlib.blake2b(mv[self.first:self.stop], digest_size=16).hexdigest()
 
 
 def align(n: int, alignment: int) -> int:

@@ -49,6 +49,18 @@ def map_file(name: str, kind: str, header_size: int) -> mmap.mmap:
         os.close(fd)
 
 
+def release_pages(mm: mmap.mmap, start: int, stop: int) -> None:
+    """Drop this process's mapping of the whole pages inside bytes [start,
+    stop) of ``mm``, a read-only map of a file: the file's page cache keeps
+    them and a later read maps them again, unchanged, so views of those
+    bytes stay valid. What is only read once (checked, copied or converted
+    at load) then stops counting towards the process's resident memory."""
+    first = -(-max(start, 0) // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = min(stop, len(mm)) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        mm.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
 @contextmanager
 def atomic_write(name: str) -> Iterator[BinaryIO]:
     """Write ``name`` through a private ``.partial`` file renamed into place
