@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,7 +24,7 @@ pytest.importorskip("sentencepiece", reason="sentencepiece is not installed (pip
 from gemma_cy.errors import ModelFormatError, TokenIndexError  # noqa: E402
 from gemma_cy.tokenizers.sp import (  # noqa: E402
     META_SPACE, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED,
-    SentencePieceTokenizer, read_gguf_vocab)
+    SentencePieceTokenizer, build_tables, read_gguf_vocab)
 from helpers import GOLDENS, golden_report, golden_rows  # noqa: E402
 
 N, U, C, D, B = TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE
@@ -407,3 +408,106 @@ def test_gemma3_teacher_forced_text_tokenizes_as_hf(gemma3):
                     f"is not on this machine as it was")
     ids = [gemma3.bos_id] + gemma3.encode(source.read_text(encoding="utf-8"))[:golden["n_predictions"]]
     assert ids == golden["ids"]
+
+
+# ---------------------------------------------------------------- the cache of built vocabularies
+from gemma_cy.tokenizers import sp_cache  # noqa: E402
+
+CACHE_TEXTS = ["a   ab", "<start_of_turn>user\nbc é 12<end_of_turn>", "\n\n<b>x</b>  o", "", "é\xff"]
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    """An empty cache directory, and the hand vocab large enough to be cached."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(sp_cache, "CACHE_MIN_PIECES", 1)
+    return tmp_path / "cache" / "gemma-cy" / "tokenizers"
+
+
+def same_tokenizer(a, b):
+    """Everything a caller can ask of a tokenizer gives the same answer."""
+    assert (a.vocab_size, a.bos_id, a.eos_id, a.unk_id, a.pad_id) == (b.vocab_size, b.bos_id, b.eos_id, b.unk_id,
+                                                                        b.pad_id)
+    for text in CACHE_TEXTS:
+        for special in (False, True):
+            assert a.encode(text, parse_special=special) == b.encode(text, parse_special=special), text
+    ids = range(a.vocab_size)
+    assert [a.piece_bytes(i) for i in ids] == [b.piece_bytes(i) for i in ids]
+    assert [a.is_control(i) for i in ids] == [b.is_control(i) for i in ids]
+    assert a.control_pieces() == b.control_pieces()
+    for piece in hand_vocab()[0] + [b"  ", b"absent", "é".encode()]:
+        assert a.token_id(piece) == b.token_id(piece), piece
+
+
+def test_vocabulary_is_built_once_then_read_from_the_cache(tmp_path, cache_home):
+    path = write_gguf(tmp_path / "v.gguf", *hand_vocab())
+    fresh = SentencePieceTokenizer.from_gguf(path)
+    stored = list(cache_home.iterdir())
+    assert len(stored) == 1 and stored[0].suffix == ".npz"
+    built = make()
+    same_tokenizer(fresh, built)
+    cached = SentencePieceTokenizer.from_gguf(path)
+    assert list(cache_home.iterdir()) == stored
+    same_tokenizer(cached, built)
+    # the proto in the file is the one a fresh build writes
+    p, s, t = hand_vocab()
+    assert sp_cache.load(stored[0].name.split("-")[1][:-4], len(p)).proto == \
+        build_tables(p, s, t, 2, 1, 3, 0).proto
+
+
+def test_cache_entry_follows_the_vocabulary(tmp_path, cache_home):
+    """A different score, type or special id is a different entry: never the
+    tables of another vocabulary."""
+    p, s, t = hand_vocab()
+    SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / "a.gguf", p, s, t))
+    s2 = list(s)
+    s2[p.index(b"bc")] = 5.0  # "bc" now merges before "ab"
+    tok = SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / "b.gguf", p, s2, t))
+    assert tok.encode("abc") == make(bc=5.0).encode("abc") != make().encode("abc")
+    SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / "c.gguf", p, s, t, special={"bos": 2, "eos": 5, "unk": 3}))
+    assert len(list(cache_home.iterdir())) == 3
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "bad offsets", "bad byte ids"])
+def test_a_damaged_cache_entry_is_rebuilt(tmp_path, cache_home, damage):
+    path = write_gguf(tmp_path / "v.gguf", *hand_vocab())
+    SentencePieceTokenizer.from_gguf(path)
+    (entry,) = cache_home.iterdir()
+    if damage == "truncated":
+        entry.write_bytes(entry.read_bytes()[:200])
+    elif damage == "garbage":
+        entry.write_bytes(b"\x00" * 1000)
+    else:
+        with np.load(entry) as f:
+            arrays = {k: f[k] for k in f.files}
+        if damage == "bad offsets":
+            arrays["out_offsets"][5] = 10**9
+        else:
+            arrays["byte_ids"][7] = 10**6
+        with open(entry, "wb") as f:
+            np.savez(f, **arrays)
+    same_tokenizer(SentencePieceTokenizer.from_gguf(path), make())
+    assert sp_cache.load(entry.name.split("-")[1][:-4], len(hand_vocab()[0])) is not None  # written again
+
+
+def test_an_unwritable_cache_is_skipped(tmp_path, cache_home):
+    cache_home.parent.parent.mkdir(parents=True)
+    cache_home.parent.write_bytes(b"")  # gemma-cy/ is a file: no directory can be made under it (even as root)
+    path = write_gguf(tmp_path / "v.gguf", *hand_vocab())
+    same_tokenizer(SentencePieceTokenizer.from_gguf(path), make())
+    assert cache_home.parent.is_file()
+
+
+def test_small_vocabularies_leave_no_cache_entry(tmp_path, cache_home, monkeypatch):
+    monkeypatch.setattr(sp_cache, "CACHE_MIN_PIECES", len(hand_vocab()[0]) + 1)
+    SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / "v.gguf", *hand_vocab()))
+    assert not cache_home.exists()
+
+
+def test_spelling_reads_the_piece_table_as_the_generic_search_would(tok):
+    """SentencePieceTokenizer.spelling (one lookup) gives what PieceTable's
+    search over every control piece gives, for every id."""
+    from gemma_cy.tokenizers.greedy import PieceTable
+    for i in range(tok.vocab_size):
+        assert tok.spelling(i) == PieceTable.spelling(tok, i), i
+    assert tok.spelling(2) == "<bos>" and tok.spelling(tok.token_id("ab")) == "ab"

@@ -254,12 +254,7 @@ def render(template: ChatTemplate, messages: list[dict], tokenizer, add_generati
 
 def _spelling(tokenizer, token_id: int | None) -> str:
     """How the vocabulary spells ``token_id`` (a control token decodes to nothing)."""
-    if token_id is None:
-        return ""
-    for piece in tokenizer.control_pieces():
-        if tokenizer.token_id(piece) == token_id:
-            return piece
-    return tokenizer.decode([token_id])
+    return "" if token_id is None else tokenizer.spelling(token_id)
 
 
 @functools.lru_cache(maxsize=8)

@@ -187,6 +187,14 @@ class PieceTable:
         """True if ``token_id`` is a control token (decodes to nothing)."""
         return self._control[self._check_id(token_id)]
 
+    def spelling(self, token_id: int) -> str:
+        """How the vocabulary spells ``token_id``: a control token's piece
+        (one whose first id it is), else the text it decodes to."""
+        for piece in self.control_pieces():
+            if self.token_id(piece) == token_id:
+                return piece
+        return self.decode([token_id])
+
     def control_pieces(self) -> tuple[str, ...]:
         """The control pieces' spellings (``<eos>``, ``<start_of_turn>``...),
         longest first: what special parsing matches in a text."""

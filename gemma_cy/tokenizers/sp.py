@@ -38,11 +38,14 @@ import math
 import os
 import re
 import struct
+from dataclasses import replace
 
 import numpy as np
 
 from ..errors import ModelFormatError
+from . import sp_cache
 from .greedy import PieceTable, SpecialPieces, text_to_bytes
+from .sp_cache import PackedPieces, VocabTables
 
 # GGUF token types (llama.cpp's llama_token_type), the same numbers as
 # SentencePiece's ModelProto.SentencePiece.Type.
@@ -69,6 +72,37 @@ SPECIAL_KEYS = {
 }
 
 
+def _vocab_fields(gf) -> tuple[object, np.ndarray, np.ndarray, dict[str, int]]:
+    """``(tokens, scores, types, special ids)`` of a parsed GGUF file, each of
+    the type the vocabulary needs (``tokens`` a StringArray, ``scores`` and
+    ``types`` NumPy views of the file), or ModelFormatError naming the key."""
+    from ..formats import gguf_reader
+
+    name = gf.path
+
+    def array(key: str, item_types: tuple[int, ...]):
+        field = gf.fields.get(key)
+        if field is None:
+            raise ModelFormatError(f"{name}: metadata key {key} missing; a SentencePiece vocab needs it")
+        if field.type != gguf_reader.ARRAY or field.item_type not in item_types:
+            found = gguf_reader.VALUE_TYPE_NAMES[field.type] if field.type < len(gguf_reader.VALUE_TYPE_NAMES) else field.type
+            raise ModelFormatError(f"{name}: metadata key {key} has type {found}, must be an array of "
+                                   f"{' or '.join(gguf_reader.VALUE_TYPE_NAMES[t] for t in item_types)}")
+        return field.value
+
+    tokens = array("tokenizer.ggml.tokens", (gguf_reader.STRING,))
+    scores = array("tokenizer.ggml.scores", gguf_reader.FLOAT_TYPES)
+    types = array("tokenizer.ggml.token_type", gguf_reader.INTEGER_TYPES)
+    special = {}
+    for short, key in SPECIAL_KEYS.items():
+        value = gf.value(key)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ModelFormatError(f"{name}: {key} = {value!r}, must be an integer id")
+            special[short] = value
+    return tokens, scores, types, special
+
+
 def read_gguf_vocab(path) -> tuple[list[bytes], list[float], list[int], dict[str, int]]:
     """``(pieces, scores, types, special ids)`` from a GGUF file's metadata
     (``path``, or the file already parsed: a ``GGUFFile``).
@@ -81,29 +115,28 @@ def read_gguf_vocab(path) -> tuple[list[bytes], list[float], list[int], dict[str
     from ..formats import gguf_reader
 
     gf = path if isinstance(path, gguf_reader.GGUFFile) else gguf_reader.parse_gguf(path)
-    name = gf.path
+    tokens, scores, types, special = _vocab_fields(gf)
+    return tokens.raw_list(), [float(x) for x in scores], [int(x) for x in types], special
 
-    def array(key: str, item_types: tuple[int, ...]) -> list:
-        field = gf.fields.get(key)
-        if field is None:
-            raise ModelFormatError(f"{name}: metadata key {key} missing; a SentencePiece vocab needs it")
-        if field.type != gguf_reader.ARRAY or field.item_type not in item_types:
-            found = gguf_reader.VALUE_TYPE_NAMES[field.type] if field.type < len(gguf_reader.VALUE_TYPE_NAMES) else field.type
-            raise ModelFormatError(f"{name}: metadata key {key} has type {found}, must be an array of "
-                                   f"{' or '.join(gguf_reader.VALUE_TYPE_NAMES[t] for t in item_types)}")
-        return list(field.value)
 
-    pieces = [piece.encode("utf-8") for piece in array("tokenizer.ggml.tokens", (gguf_reader.STRING,))]
-    scores = [float(x) for x in array("tokenizer.ggml.scores", gguf_reader.FLOAT_TYPES)]
-    types = [int(x) for x in array("tokenizer.ggml.token_type", gguf_reader.INTEGER_TYPES)]
-    special = {}
-    for short, key in SPECIAL_KEYS.items():
-        value = gf.value(key)
-        if value is not None:
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ModelFormatError(f"{name}: {key} = {value!r}, must be an integer id")
-            special[short] = value
-    return pieces, scores, types, special
+def _cached_tables(gf) -> tuple[str | None, VocabTables | None]:
+    """(the cache key of ``gf``'s vocabulary, or None when it is too small to
+    cache; its tables from the cache, or None)."""
+    tokens, scores, types, special = _vocab_fields(gf)
+    n = len(tokens)
+    if n < sp_cache.CACHE_MIN_PIECES or len(scores) != n or len(types) != n \
+            or any(short not in special for short in ("bos", "eos", "unk")):
+        return None, None  # small, or the checks of the build must speak
+    ids = (special["bos"], special["eos"], special["unk"], special.get("pad"))
+    key = sp_cache.cache_key(tokens, scores, types, ids)
+    return key, sp_cache.load(key, n)
+
+
+def _special_ids(gf) -> tuple[int, int, int, int]:
+    """(bos, eos, unk, pad) of a vocabulary whose tables came from the cache
+    (so the ids were checked when they were built); pad defaults to unk."""
+    special = _vocab_fields(gf)[3]
+    return special["bos"], special["eos"], special["unk"], special.get("pad", special["unk"])
 
 
 def _varint(value: int) -> bytes:
@@ -273,6 +306,36 @@ def _spell_fast(pieces, scores, types, unk_id: int):
     return sp_pieces, sp_types, out, byte_ids
 
 
+def build_tables(pieces: list[bytes], scores: list[float], types: list[int], bos_id: int, eos_id: int,
+                 unk_id: int, pad_id: int | None = None, source: str = "") -> VocabTables:
+    """Check a vocabulary (``ModelFormatError`` naming ``source``, the token
+    and the rule it breaks) and build the tables a tokenizer runs from."""
+    where = source or "vocab"
+    n = len(pieces)
+    if n == 0:
+        raise ModelFormatError(f"{where}: vocab_size is 0, must be > 0")
+    if n >= 2**31:
+        raise ModelFormatError(f"{where}: vocab_size {n} exceeds SentencePiece's limit {2**31 - 1}")
+    if len(scores) != n or len(types) != n:
+        raise ModelFormatError(
+            f"{where}: {len(scores)} scores and {len(types)} token types for {n} tokens; "
+            f"each must equal vocab_size {n}")
+    if pad_id is None:
+        pad_id = unk_id
+    for field, value in (("bos_id", bos_id), ("eos_id", eos_id), ("unk_id", unk_id), ("pad_id", pad_id)):
+        if type(value) is not int or not 0 <= value < n:
+            raise ModelFormatError(f"{where}: {field} {value!r} must be in [0, vocab_size {n})")
+
+    spelled = _spell_fast(pieces, scores, types, unk_id)
+    if spelled is None:  # some rule is broken: the careful pass names the token and the rule
+        spelled = _spell_checked(pieces, scores, types, unk_id, where)
+    sp_pieces, sp_types, out, byte_ids = spelled
+    return VocabTables(
+        proto=build_model_proto(sp_pieces, scores, sp_types, unk_id, bos_id, eos_id, pad_id),
+        pieces=PackedPieces.pack(pieces), out=PackedPieces.pack(out), types=np.array(sp_types, np.int8),
+        byte_ids=np.array(byte_ids, np.int32))
+
+
 class SentencePieceTokenizer(PieceTable):
     """Gemma's SentencePiece BPE tokenizer over a GGUF vocab.
 
@@ -285,32 +348,19 @@ class SentencePieceTokenizer(PieceTable):
 
     def __init__(self, pieces: list[bytes], scores: list[float], types: list[int], bos_id: int,
                  eos_id: int, unk_id: int, pad_id: int | None = None, source: str = "") -> None:
+        self._adopt(build_tables(pieces, scores, types, bos_id, eos_id, unk_id, pad_id, source),
+                    bos_id, eos_id, unk_id, unk_id if pad_id is None else pad_id, source)
+
+    def _adopt(self, tables: VocabTables, bos_id: int, eos_id: int, unk_id: int, pad_id: int,
+               source: str) -> None:
+        """Run from ``tables``, built from a checked vocabulary here or read
+        back from the cache (sp_cache)."""
         import sentencepiece
 
         where = source or "vocab"
-        n = len(pieces)
-        if n == 0:
-            raise ModelFormatError(f"{where}: vocab_size is 0, must be > 0")
-        if n >= 2**31:
-            raise ModelFormatError(f"{where}: vocab_size {n} exceeds SentencePiece's limit {2**31 - 1}")
-        if len(scores) != n or len(types) != n:
-            raise ModelFormatError(
-                f"{where}: {len(scores)} scores and {len(types)} token types for {n} tokens; "
-                f"each must equal vocab_size {n}")
-        if pad_id is None:
-            pad_id = unk_id
-        for field, value in (("bos_id", bos_id), ("eos_id", eos_id), ("unk_id", unk_id), ("pad_id", pad_id)):
-            if type(value) is not int or not 0 <= value < n:
-                raise ModelFormatError(f"{where}: {field} {value!r} must be in [0, vocab_size {n})")
-
-        spelled = _spell_fast(pieces, scores, types, unk_id)
-        if spelled is None:  # some rule is broken: the careful pass names the token and the rule
-            spelled = _spell_checked(pieces, scores, types, unk_id, where)
-        sp_pieces, sp_types, out, byte_ids = spelled
-
-        proto = build_model_proto(sp_pieces, scores, sp_types, unk_id, bos_id, eos_id, pad_id)
+        n = len(tables.pieces)
         try:
-            self._sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
+            self._sp = sentencepiece.SentencePieceProcessor(model_proto=tables.proto)
         except Exception as e:  # sentencepiece raises RuntimeError/OSError with its own status text
             raise ModelFormatError(f"{where}: SentencePiece rejected the vocab: {e}") from None
         if self._sp.get_piece_size() != n:
@@ -322,25 +372,68 @@ class SentencePieceTokenizer(PieceTable):
         self.eos_id = eos_id
         self.unk_id = unk_id
         self.pad_id = pad_id
-        self._out = out
-        self._byte_ids = [unk_id if b < 0 else b for b in byte_ids]  # a byte without a piece is unknown
-        self._control = [t in (TOKEN_CONTROL, TOKEN_UNKNOWN) for t in sp_types]
-        self._ids: dict[bytes, int] = dict(zip(reversed(pieces), range(n - 1, -1, -1)))  # the first id of each
-        self._specials = SpecialPieces([(pieces[i], i) for i in range(n) if self._control[i]])
+        self._tables = replace(tables, proto=b"")  # SentencePiece holds its own copy
+        self._out = tables.out
+        self._byte_ids = [unk_id if b < 0 else b for b in tables.byte_ids.tolist()]  # no piece: unknown
+        control = (tables.types == TOKEN_CONTROL) | (tables.types == TOKEN_UNKNOWN)
+        self._control = control  # bool (n,)
+        self._control_ids = np.flatnonzero(control).tolist()
+        self._special_pieces = None  # built at the first encode with parse_special
+
+    @property
+    def _specials(self) -> SpecialPieces:
+        if self._special_pieces is None:
+            self._special_pieces = SpecialPieces([(self._tables.pieces[i], i) for i in self._control_ids])
+        return self._special_pieces
+
+    def is_control(self, token_id: int) -> bool:
+        """True if ``token_id`` is a control token (decodes to nothing)."""
+        return bool(self._control[self._check_id(token_id)])
+
+    def token_id(self, piece: str | bytes) -> int | None:
+        """Id of the piece exactly equal to ``piece`` (first one; as the file
+        spells it), or None."""
+        return self._tables.pieces.find(text_to_bytes(piece))
+
+    def spelling(self, token_id: int) -> str:
+        """PieceTable.spelling, read from the piece table: a control token's
+        piece when it is that piece's first id."""
+        token_id = self._check_id(token_id)
+        piece = self._tables.pieces[token_id]
+        if self._control[token_id] and self.token_id(piece) == token_id:
+            return piece.decode("utf-8", "replace")
+        return self.decode([token_id])
+
+    def control_pieces(self) -> tuple[str, ...]:
+        """The control pieces' spellings, longest first (PieceTable.control_pieces)."""
+        found = {self._tables.pieces[i].decode("utf-8", "replace") for i in self._control_ids}
+        return tuple(sorted(found - {""}, key=lambda p: (-len(p), p)))
 
     @classmethod
     def from_gguf(cls, path) -> SentencePieceTokenizer:
         """The tokenizer a GGUF file's metadata describes (``path`` or a parsed
-        ``GGUFFile``; see ``read_gguf_vocab``)."""
-        from ..formats.gguf_reader import GGUFFile
+        ``GGUFFile``; see ``read_gguf_vocab``). A vocabulary of at least
+        sp_cache.CACHE_MIN_PIECES pieces is built once and kept in the user's
+        cache directory (gemma_cy.tokenizers.sp_cache)."""
+        from ..formats import gguf_reader
 
-        name = path.path if isinstance(path, GGUFFile) else os.fspath(path)
-        pieces, scores, types, special = read_gguf_vocab(path)
-        for key in ("bos", "eos", "unk"):
-            if key not in special:
-                raise ModelFormatError(f"{name}: metadata key {SPECIAL_KEYS[key]} missing")
-        return cls(pieces, scores, types, special["bos"], special["eos"], special["unk"],
-                   special.get("pad"), source=name)
+        gf = path if isinstance(path, gguf_reader.GGUFFile) else gguf_reader.parse_gguf(path)
+        key, tables = _cached_tables(gf)
+        if tables is not None:
+            tok = cls.__new__(cls)
+            tok._adopt(tables, *_special_ids(gf), source=gf.path)
+            return tok
+        pieces, scores, types, special = read_gguf_vocab(gf)
+        for short in ("bos", "eos", "unk"):
+            if short not in special:
+                raise ModelFormatError(f"{gf.path}: metadata key {SPECIAL_KEYS[short]} missing")
+        ids = special["bos"], special["eos"], special["unk"], special.get("pad")
+        tables = build_tables(pieces, scores, types, *ids, source=gf.path)
+        if key is not None:
+            sp_cache.store(key, tables)
+        tok = cls.__new__(cls)
+        tok._adopt(tables, *ids[:3], ids[2] if ids[3] is None else ids[3], source=gf.path)
+        return tok
 
     def encode(self, text: str | bytes, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``, without BOS.
