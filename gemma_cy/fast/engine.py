@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
+from ..errors import TokenIndexError
 from ..model.checks import CheckedEngine, cache_length, non_finite_error
 from ..model.observe import Observer, observed_calls
 from ..model.weights import Weights
@@ -64,9 +65,28 @@ class FastEngine(CheckedEngine):
                         layout[layer, op][1]) for layer, op in observed_calls(self.config.n_layers)]
         self._logits_at = layout[self.config.n_layers, "logits"][0]
 
+    def rewind(self, pos: int) -> int:
+        """CheckedEngine.rewind; when a sliding-window layer's ring no longer
+        holds the positions before ``pos`` (a run went more than the ring's
+        rows past them), the cache is emptied instead. Returns the position
+        the next prefill starts at: ``pos``, or 0."""
+        super().rewind(pos)
+        if not self.model.resumable(self.pos):
+            self.reset()
+        return self.pos
+
+    def _resumable(self, start: int) -> None:
+        if not self.model.resumable(start):
+            raise TokenIndexError(
+                f"position {start}: the sliding-window layers keep their last "
+                f"{min(len(keys) for keys in self.model.key_cache)} "
+                f"positions, and the cache has run to position {self.model.high - 1}, so the positions "
+                f"before {start} are gone; rewind (or reset) and run again from position 0")
+
     def _run(self, ids: list[int], start: int, observer: Observer | None) -> np.ndarray:
         """Positions start .. start+len(ids)-1, inputs already checked: one
         call without an observer; one traced call per position with one."""
+        self._resumable(start)
         n = len(ids)
         if observer is None:
             if n == 1:  # a decode step: no ids array to build and check
@@ -89,6 +109,7 @@ class FastEngine(CheckedEngine):
     def _states(self, ids: list[int], start: int) -> np.ndarray:
         """Final-normed states (n, dim) of the checked ``ids`` from ``start``,
         PREFILL_CHUNK positions per GIL-free call."""
+        self._resumable(start)
         tokens = np.array(ids, dtype=np.int32)
         n = len(tokens)
         out = np.empty((n, self.config.dim), np.float32)

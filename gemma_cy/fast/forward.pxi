@@ -34,6 +34,7 @@
 # compare. The elementwise kernels below them stay `noexcept`.
 
 cimport cython
+import mmap
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t
 from libc.string cimport memcpy, memset
@@ -79,6 +80,12 @@ cdef enum:
 # in attention: the window's rows come from L2/L3 once per tile, not per position.
 cdef enum:
     ATT_TILE = 4
+# Rows a sliding-window layer's ring keeps beyond its window: at least BLOCK
+# (a block writes its rows before its first position reads the window
+# behind it); the rest is how far back a run may start again (a chat turn
+# reusing its prefix), docs/architecture.md#kv-cache.
+cdef enum:
+    RING_SLACK = 4 * BLOCK
 
 # FastModel.first_bad: where a step's activations first went non-finite
 # (-1 the embedding, 0..n_layers-1 a layer's residual, n_layers the logits).
@@ -104,6 +111,13 @@ cdef struct LayerWeights:
     const float* post_ffn_norm  # (dim,), NULL unless config.post_norms
     Py_ssize_t rope_table  # 0: the global RoPE base's cos/sin, 1: the local one's
     Py_ssize_t window  # positions attended to, itself included; 0 = all
+
+
+cdef struct LayerCache:
+    float* keys  # (rows, nkv, hd): the rotated key of position p at row p % rows
+    float* values  # (rows, nkv, hd): its raw value
+    Py_ssize_t rows  # cache_len; for a sliding-window layer at most window + RING_SLACK (a ring)
+    Py_ssize_t window  # the layer's window (0: every position)
 
 
 cdef Py_ssize_t _matrix_bytes(object tensor):
@@ -210,9 +224,18 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, uint8_t* scratch=
 
 
 cdef object _zeros(object shape):
-    """A new f32 array of zeros of ``shape`` (an int or a tuple). np.zeros maps
-    fresh pages lazily: a large KV cache costs memory only as positions fill."""
+    """A new f32 array of zeros of ``shape`` (an int or a tuple)."""
     return np.zeros(shape, np.float32)
+
+
+cdef object _filled_as_used(object shape):
+    """A new f32 array of zeros of ``shape`` whose memory is taken 4 KiB page by
+    page as it is first written: an anonymous map without np.zeros's advice
+    to use 2 MiB pages for large arrays, under which the first position of
+    each layer's KV cache would take 2 MiB (docs/architecture.md#memory)."""
+    n_bytes = max(1, int(np.prod(shape, dtype=np.int64))) * 4
+    pages = mmap.mmap(-1, n_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(pages, np.float32, count=n_bytes // 4).reshape(shape)
 
 
 cdef object _read_only_view(object array):
@@ -257,8 +280,12 @@ cdef class FastModel:
     positions pos, pos+1, ... and returns how many positions completed.
     Results: ``last_logits`` (vocab,) of the last position, ``trace`` and
     ``trace_layout`` (the intermediates of a traced position), ``first_bad``,
-    ``key_cache`` / ``value_cache`` (n_layers, cache_len, n_kv_heads,
-    head_dim): read-only views of buffers the next run overwrites.
+    ``key_cache`` / ``value_cache``: per layer (rows, n_kv_heads, head_dim),
+    position p at row p % rows (``cache_row``); rows is cache_len, or for a
+    sliding-window layer a ring of window + RING_SLACK rows
+    (docs/architecture.md#kv-cache). All are read-only views of buffers
+    the next run overwrites. A run starts at a position the cache can
+    resume from (``resumable``), else IndexError.
     gemma_cy.fast.engine.FastEngine is the engine built on this.
     """
 
@@ -299,8 +326,10 @@ cdef class FastModel:
     cdef float* rope_sin  # (BLOCK, 2, hd/2)
     cdef float* out  # (vocab,) logits
     cdef float[::1] att  # (ATT_TILE * nh, cache_len) scores, then probabilities, of the rows of q_tile
-    cdef float[:, :, :, ::1] _key_cache  # (n_layers, cache_len, nkv, hd), rotated keys (key_cache, writable)
-    cdef float[:, :, :, ::1] _value_cache  # (n_layers, cache_len, nkv, hd), raw values (value_cache, writable)
+    cdef LayerCache* caches  # (n_layers,) each layer's keys and values (key_cache, value_cache: writable)
+    cdef float* k_block  # (BLOCK, kvd) the block's keys, before they go to their cache rows
+    cdef float* v_block  # (BLOCK, kvd) its values
+    cdef readonly Py_ssize_t high  # 1 + the last position written since the cache was emptied
     cdef int bad_at[BLOCK]  # per position of a block: ALL_FINITE or where it went non-finite
 
     # the trace of one position: embed, n_layers * the layer ops, final_norm, logits
@@ -324,6 +353,7 @@ cdef class FastModel:
 
     def __dealloc__(self):
         PyMem_Free(self.layers)
+        PyMem_Free(self.caches)
 
     def __init__(self, weights, Py_ssize_t cache_len, str activations="f32"):
         c = weights.config
@@ -402,14 +432,74 @@ cdef class FastModel:
         self.out = _f32(logits, keep)
         self.q_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
         self.ao_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
-        self.att = _zeros(ATT_TILE * c.n_heads * cache_len)
-        keys = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
-        values = _zeros((c.n_layers, cache_len, c.n_kv_heads, c.head_dim))
-        self._key_cache, self._value_cache = keys, values
+        self.att = _filled_as_used(ATT_TILE * c.n_heads * cache_len)
+        self.k_block, self.v_block = _f32(_zeros(BLOCK * c.kv_dim), keep), _f32(_zeros(BLOCK * c.kv_dim), keep)
+        self._lay_out_cache(c, cache_len)
         self.last_logits = _read_only_view(logits)
-        self.key_cache, self.value_cache = _read_only_view(keys), _read_only_view(values)
         self._lay_out_trace(c)
         self.first_bad = ALL_FINITE
+
+    cdef int _lay_out_cache(self, object config, Py_ssize_t cache_len) except -1:
+        """Each layer's keys and values: cache_len rows, or for a layer with a
+        sliding window a ring of window + RING_SLACK rows, all in one map
+        that takes memory as rows fill."""
+        self.caches = <LayerCache*> PyMem_Malloc(config.n_layers * sizeof(LayerCache))
+        if self.caches == NULL:
+            raise MemoryError("FastModel: no memory for the cache table")
+        windows = [config.window(layer) for layer in range(config.n_layers)]
+        rows = [min(cache_len, w + RING_SLACK) if w > 0 else cache_len for w in windows]
+        keys = _filled_as_used((sum(rows), config.n_kv_heads, config.head_dim))
+        values = _filled_as_used((sum(rows), config.n_kv_heads, config.head_dim))
+        cdef float* k0 = _f32(keys.reshape(-1), self._keep)
+        cdef float* v0 = _f32(values.reshape(-1), self._keep)
+        cdef Py_ssize_t layer, at = 0
+        for layer in range(config.n_layers):
+            self.caches[layer].keys = k0 + at * self.kv_dim
+            self.caches[layer].values = v0 + at * self.kv_dim
+            self.caches[layer].rows = rows[layer]
+            self.caches[layer].window = windows[layer]
+            at += rows[layer]
+        starts = np.cumsum([0] + rows)
+        self.key_cache = tuple(_read_only_view(keys[a:b]) for a, b in zip(starts[:-1], starts[1:]))
+        self.value_cache = tuple(_read_only_view(values[a:b]) for a, b in zip(starts[:-1], starts[1:]))
+        self.high = 0
+        return 0
+
+    def cache_row(self, Py_ssize_t layer, Py_ssize_t pos):
+        """The row of ``key_cache[layer]`` / ``value_cache[layer]`` that holds
+        position ``pos``, or None when the layer's ring no longer holds it
+        (or it was never written)."""
+        if not 0 <= layer < self.n_layers:
+            raise IndexError(f"cache_row: layer {layer} outside [0, {self.n_layers})")
+        cdef LayerCache* kv = &self.caches[layer]
+        if not 0 <= pos < self.high or pos < self.high - kv.rows:
+            return None
+        return pos % kv.rows
+
+    def resumable(self, Py_ssize_t pos):
+        """True when a run can start at ``pos`` (0 <= pos <= high): every
+        layer still holds the positions before ``pos`` that it attends to.
+        A ring keeps its last rows positions; once a run has gone further
+        than that past ``pos``, ``pos`` can only be reached again from 0."""
+        cdef Py_ssize_t layer, first
+        if pos == 0:
+            return True
+        if not 0 < pos <= self.high:
+            return False
+        for layer in range(self.n_layers):
+            first = _window_start(pos, self.caches[layer].window)
+            if first < self.high - self.caches[layer].rows:
+                return False
+        return True
+
+    cdef int _check_run(self, Py_ssize_t pos, Py_ssize_t n) except -1:
+        """IndexError unless positions pos .. pos+n-1 fit the cache and a run can start at pos."""
+        if not 0 <= pos <= self.cache_len - n:
+            raise IndexError(f"run: positions {pos}..{pos + n - 1} outside the KV cache [0, {self.cache_len})")
+        if not self.resumable(pos):
+            raise IndexError(f"run: position {pos} cannot be run again: the sliding-window layers' cache "
+                             f"(a ring) no longer holds the positions before it; run again from position 0")
+        return 0
 
     cdef int _lay_out_trace(self, object config) except -1:
         """Offsets and shapes of every observed op in the trace of one position."""
@@ -451,8 +541,7 @@ cdef class FastModel:
             raise ValueError("run: ids is empty")
         if trace and n != 1:
             raise ValueError("run: a traced call runs one position (the trace holds one)")
-        if not 0 <= pos <= self.cache_len - n:
-            raise IndexError(f"run: positions {pos}..{pos + n - 1} outside the KV cache [0, {self.cache_len})")
+        self._check_run(pos, n)
         for i in range(n):
             if not 0 <= tv[i] < self.vocab_size:
                 raise IndexError(f"run: token id {tv[i]} outside the vocabulary [0, {self.vocab_size})")
@@ -475,8 +564,7 @@ cdef class FastModel:
         cdef Py_ssize_t n = tv.shape[0], i, done
         if n == 0:
             raise ValueError("run_states: ids is empty")
-        if not 0 <= pos <= self.cache_len - n:
-            raise IndexError(f"run: positions {pos}..{pos + n - 1} outside the KV cache [0, {self.cache_len})")
+        self._check_run(pos, n)
         for i in range(n):
             if not 0 <= tv[i] < self.vocab_size:
                 raise IndexError(f"run: token id {tv[i]} outside the vocabulary [0, {self.vocab_size})")
@@ -518,8 +606,7 @@ cdef class FastModel:
         0 when the position went non-finite (first_bad says where)."""
         cdef int32_t tok
         cdef Py_ssize_t done
-        if not 0 <= pos < self.cache_len:
-            raise IndexError(f"run: positions {pos}..{pos} outside the KV cache [0, {self.cache_len})")
+        self._check_run(pos, 1)
         if not 0 <= token < self.vocab_size:
             raise IndexError(f"run: token id {token} outside the vocabulary [0, {self.vocab_size})")
         tok = <int32_t> token
@@ -540,9 +627,13 @@ cdef class FastModel:
         of BLOCK; logits of the last only. Stops after a block in which a
         position went non-finite and returns that position's index."""
         cdef Py_ssize_t lo = 0, t, size
+        if pos0 == 0:  # a run from the start: nothing cached before it counts
+            self.high = 0
         while lo < n:
             size = min(<Py_ssize_t> BLOCK, n - lo)
             t = self.run_block(ids + lo, size, pos0 + lo, want_logits and lo + size == n)
+            if pos0 + lo + size > self.high:  # the block wrote its rows, however it ended
+                self.high = pos0 + lo + size
             if t < size:
                 return lo + t
             lo += size
@@ -656,9 +747,10 @@ cdef class FastModel:
         of one kv head over a tile of up to ATT_TILE positions go together,
         each row's scores and sums taking the steps one position alone takes."""
         cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads, kvd = self.kv_dim
-        cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, t
-        cdef float* k = &self._key_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
-        cdef float* v = &self._value_cache[layer, pos0, 0, 0]  # (T, nkv, hd)
+        cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, t, row
+        cdef LayerCache* kv = &self.caches[layer]
+        cdef float* k = self.k_block  # (T, nkv, hd)
+        cdef float* v = self.v_block  # (T, nkv, hd)
         self.matmul(self.q, &w.q_proj, x, T)  # (T, nh, hd)
         self.matmul(k, &w.k_proj, x, T)  # (T, nkv, hd)
         self.matmul(v, &w.v_proj, x, T)  # (T, nkv, hd)
@@ -671,6 +763,10 @@ cdef class FastModel:
         self.observe_layer(layer, OP_Q, self.q, qd)
         self.observe_layer(layer, OP_K, k, kvd)
         self.observe_layer(layer, OP_V, v, kvd)
+        for t in range(T):  # into the cache rows of positions pos0 .. pos0+T-1
+            row = (pos0 + t) % kv.rows
+            memcpy(kv.keys + row * kvd, k + t * kvd, kvd * sizeof(float))
+            memcpy(kv.values + row * kvd, v + t * kvd, kvd * sizeof(float))
 
         cdef Py_ssize_t t0 = 0, n_pos, h, g, n_group
         while t0 < T:
@@ -710,11 +806,10 @@ cdef class FastModel:
         cdef Py_ssize_t c1 = pos1 + 1 if pos1 + 1 > c0 else c0
         cdef float* att = &self.att[0]  # (rows, cache_len): row r's score of position lo + i at i
         cdef float* score
-        cdef const float* keys = &self._key_cache[layer, lo, g, 0]  # key of position lo + i: keys + i * kvd
-        cdef const float* values = &self._value_cache[layer, lo, g, 0]
+        cdef const LayerCache* kv = &self.caches[layer]
         for p in range(n_pos):
             memcpy(self.q_tile + p * n_group * hd, q + p * qd, n_group * hd * sizeof(float))
-        k_scores(att, cl, self.q_tile, hd, rows, keys, kvd, hi - lo, hd)
+        self.scores_of(att, cl, rows, kv, g, lo, hi)
         for p in range(n_pos):
             start = _window_start(pos1 + p, w.window)
             for r in range(p * n_group, (p + 1) * n_group):
@@ -729,18 +824,44 @@ cdef class FastModel:
             end = pos1 + p + 1
             split = end if end < c0 else c0
             if split > start:
-                k_weighted_rows(self.ao_tile + p * n_group * hd, hd, att + p * n_group * cl + (start - lo), cl,
-                                n_group, values + (start - lo) * kvd, kvd, split - start, hd)
+                self.weighted_values(self.ao_tile + p * n_group * hd, att + p * n_group * cl + (start - lo), cl,
+                                     n_group, kv, g, start, split)
         if c1 > c0:
-            k_weighted_rows(self.ao_tile, hd, att + (c0 - lo), cl, rows, values + (c0 - lo) * kvd, kvd, c1 - c0, hd)
+            self.weighted_values(self.ao_tile, att + (c0 - lo), cl, rows, kv, g, c0, c1)
         for p in range(n_pos):  # [max(min(end, c0), c1), end)
             end = pos1 + p + 1
             split = end if end < c0 else c0
             split = split if split > c1 else c1
             if end > split:
-                k_weighted_rows(self.ao_tile + p * n_group * hd, hd, att + p * n_group * cl + (split - lo), cl,
-                                n_group, values + (split - lo) * kvd, kvd, end - split, hd)
+                self.weighted_values(self.ao_tile + p * n_group * hd, att + p * n_group * cl + (split - lo), cl,
+                                     n_group, kv, g, split, end)
         return 0
+
+    cdef inline void scores_of(self, float* att, Py_ssize_t att_stride, Py_ssize_t rows, const LayerCache* kv,
+                               Py_ssize_t g, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
+        """att[r, i] = q_tile row r . key of kv head g at position lo + i, for
+        lo <= lo + i < hi: one k_scores per run of consecutive cache rows (a
+        span wraps a ring at most once; each score's bits are the same)."""
+        cdef Py_ssize_t pos = lo, row, n
+        while pos < hi:
+            row = pos % kv.rows
+            n = min(hi - pos, kv.rows - row)
+            k_scores(att + (pos - lo), att_stride, self.q_tile, self.head_dim, rows,
+                     kv.keys + row * self.kv_dim + g * self.head_dim, self.kv_dim, n, self.head_dim)
+            pos += n
+
+    cdef inline void weighted_values(self, float* y, const float* probs, Py_ssize_t probs_stride, Py_ssize_t m,
+                                     const LayerCache* kv, Py_ssize_t g, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+        """y (m, hd) += probs (m, b - a) . the values of kv head g at positions
+        a .. b-1, in the order of the positions: one k_weighted_rows per run
+        of consecutive cache rows (a sum split over calls has the bits of one)."""
+        cdef Py_ssize_t pos = a, row, n
+        while pos < b:
+            row = pos % kv.rows
+            n = min(b - pos, kv.rows - row)
+            k_weighted_rows(y, self.head_dim, probs + (pos - a), probs_stride, m,
+                            kv.values + row * self.kv_dim + g * self.head_dim, self.kv_dim, n, self.head_dim)
+            pos += n
 
     cdef inline void mlp(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t T) noexcept nogil:
         """Gated MLP: down(act(gate x) * (up x)); xn (T, dim) -> out (T, dim)."""

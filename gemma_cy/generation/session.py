@@ -56,6 +56,6 @@ class Session:
         kept = 0
         while kept < limit and self.ids[kept] == ids[kept]:
             kept += 1
-        self.engine.rewind(kept)
+        kept = self.engine.rewind(kept)  # 0 when the engine no longer holds what position kept needs
         del self.ids[kept:]
         return kept

@@ -114,13 +114,16 @@ class CheckedEngine:
         """Forget every position: the next prefill starts at position 0."""
         self.pos = 0
 
-    def rewind(self, pos: int) -> None:
+    def rewind(self, pos: int) -> int:
         """Forget positions ``pos`` and later (0 <= pos <= self.pos): the next
-        prefill starts at ``pos``, reusing the cached positions before it."""
+        prefill starts at ``pos``, reusing the cached positions before it.
+        Returns where the next prefill starts: ``pos`` here; an engine that
+        no longer holds what ``pos`` needs may start over at 0 instead."""
         pos = operator.index(pos)
         if not 0 <= pos <= self.pos:
             raise TokenIndexError(f"rewind to position {pos}: only 0 .. {self.pos} are filled")
         self.pos = pos
+        return pos
 
     def forward(self, token: int, pos: int, observer: Observer | None = None) -> np.ndarray:
         """Run ``token`` at position ``pos`` (0 <= pos <= self.pos) and return
