@@ -23,6 +23,7 @@ $(VENV_STAMP): pyproject.toml
 $(BUILD_STAMP): $(VENV_STAMP) $(SOURCES)
 	$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps -e .
 	$(PYTHON) setup.py --quiet build_ext --inplace
+	$(PYTHON) -m compileall -q gemma_cy reference
 	@touch $@
 
 build: $(BUILD_STAMP)
