@@ -88,6 +88,27 @@ def test_affine_gemm_covers_row_tiles_and_positions(isa):
 
 
 @ISA
+@pytest.mark.parametrize("cols", [96, 160])
+def test_affine_gemm_rows_ending_in_half_a_group_of_64(isa, cols):
+    """Rows of 96 and 160 values (a last 32 after whole 64s: the GEMV's
+    accumulators 0 and 1 take it, 2 and 3 do not), 9 rows and 70 positions:
+    every (position, row) the GEMV's bits, and within a few roundings of
+    float64. (Only 32-value types end so: a k-quant row is whole 256s.)"""
+    m = kernels(isa)
+    rng = np.random.default_rng(cols)
+    for name in ("Q4_1", "Q5_1"):
+        t = GGML_TYPES[GGML_TYPE_IDS[name]]
+        tensor = AffineTensor.from_raw(random_raw(name, 9, cols, rng, 0.5), t.id, (9, cols))
+        x = rng.uniform(-1, 1, (70, cols)).astype(np.float32)
+        block = m.gemm(tensor, x)
+        steps = np.concatenate([m.gemm(tensor, x[i:i + 1]) for i in range(70)])
+        np.testing.assert_array_equal(block, steps, err_msg=f"{isa} {name}")
+        w = tensor.dequantize()
+        want = x.astype(np.float64) @ w.astype(np.float64).T
+        assert np.all(np.abs(block - want) <= bound(w, x))
+
+
+@ISA
 @pytest.mark.parametrize("name", AFFINE_TYPES)
 def test_affine_q8_mode_is_the_references_bit_for_bit(isa, name):
     """--activations q8 on an affine matrix: the kernels' products equal the

@@ -111,13 +111,165 @@ cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
     _gemv_q8_0_rows(out, blocks, x, rows, n_blocks)
 
 
+# _gemm (prefill) of an affine matrix (Q4_K tiles, Q6_K and the other
+# k-quants as records): GEMM_ROW_TILE rows' exact weights formed once into
+# scratch as f32, then a 4-row x 4-position kernel. k_dot_affine's
+# accumulator g only ever takes the 16-value groups g, g + 4, g + 8, ... of a
+# row (groups 0, 1 of a last 32 values), so the kernel runs one g at a time
+# with one accumulator per output: 16 in registers, each weight loaded once
+# for four positions and each activation once for four rows, and the four
+# partial sums are combined as the GEMV combines its accumulators, (a0 + a1)
+# + (a2 + a3), lanes summed alike: the same operations on the same values in
+# the same order, so the same bits. A Q8_0 matrix keeps _gemm_by_rows: its
+# order (a block's scale applied after the block's sum, what makes the GEMV
+# cheap) costs three vector operations per 32 multiply-adds in any blocking
+# (docs/benchmarks.md#history, 2026-12-02).
+
+cdef enum:
+    GEMM_ROW_TILE = 8  # rows whose weights _gemm forms at once (two 4-row kernels)
+    GEMM_POSITION_TILE = 64  # positions per pass over the matrix in _gemm
+
+
 cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
-    return 0  # _gemm needs none
+    return GEMM_ROW_TILE * cols  # the rows' weights as f32
+
+
+cdef inline void _affine_row(float* w, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
+                             bint has_offset) noexcept nogil:
+    """One affine row's exact weights f32(f32(a * q) - b), as _affine32 forms them."""
+    cdef Py_ssize_t k, rb = sub + 4 + (4 if has_offset else 0)
+    cdef __m512 va, vb
+    for k in range(cols // 32):
+        va = _mm512_set1_ps(_load_f32(rec + sub))
+        vb = _mm512_set1_ps(_load_f32(rec + sub + 4)) if has_offset else _mm512_setzero_ps()
+        _mm512_storeu_ps(w + 32 * k, _affine16(<const int8_t*> rec, va, vb, has_offset))
+        if sub == 16:  # the next 16 values are the next record's
+            rec += rb
+            va = _mm512_set1_ps(_load_f32(rec + 16))
+            if has_offset:
+                vb = _mm512_set1_ps(_load_f32(rec + 20))
+            _mm512_storeu_ps(w + 32 * k + 16, _affine16(<const int8_t*> rec, va, vb, has_offset))
+        else:
+            _mm512_storeu_ps(w + 32 * k + 16, _affine16(<const int8_t*> rec + 16, va, vb, has_offset))
+        rec += rb
+
+
+cdef inline void _group_step_4x4(__m512* acc, const float* w0, const float* w1, const float* w2,
+                                 const float* w3, const float* x0, const float* x1, const float* x2,
+                                 const float* x3, Py_ssize_t j) noexcept nogil:
+    """acc[4 r + t] += w_r[j:j+16] x_t[j:j+16], rows and positions 0..3: four
+    weight loads, four activation loads, sixteen FMAs (a pointer per row and
+    position, so that gcc keeps the weights in registers)."""
+    cdef __m512 wa = _mm512_loadu_ps(w0 + j)
+    cdef __m512 wb = _mm512_loadu_ps(w1 + j)
+    cdef __m512 wc = _mm512_loadu_ps(w2 + j)
+    cdef __m512 wd = _mm512_loadu_ps(w3 + j)
+    cdef __m512 xv = _mm512_loadu_ps(x0 + j)
+    acc[0] = _mm512_fmadd_ps(wa, xv, acc[0])
+    acc[4] = _mm512_fmadd_ps(wb, xv, acc[4])
+    acc[8] = _mm512_fmadd_ps(wc, xv, acc[8])
+    acc[12] = _mm512_fmadd_ps(wd, xv, acc[12])
+    xv = _mm512_loadu_ps(x1 + j)
+    acc[1] = _mm512_fmadd_ps(wa, xv, acc[1])
+    acc[5] = _mm512_fmadd_ps(wb, xv, acc[5])
+    acc[9] = _mm512_fmadd_ps(wc, xv, acc[9])
+    acc[13] = _mm512_fmadd_ps(wd, xv, acc[13])
+    xv = _mm512_loadu_ps(x2 + j)
+    acc[2] = _mm512_fmadd_ps(wa, xv, acc[2])
+    acc[6] = _mm512_fmadd_ps(wb, xv, acc[6])
+    acc[10] = _mm512_fmadd_ps(wc, xv, acc[10])
+    acc[14] = _mm512_fmadd_ps(wd, xv, acc[14])
+    xv = _mm512_loadu_ps(x3 + j)
+    acc[3] = _mm512_fmadd_ps(wa, xv, acc[3])
+    acc[7] = _mm512_fmadd_ps(wb, xv, acc[7])
+    acc[11] = _mm512_fmadd_ps(wc, xv, acc[11])
+    acc[15] = _mm512_fmadd_ps(wd, xv, acc[15])
+
+
+cdef void _affine_group_4x4(__m512* part, const float* w, Py_ssize_t w_stride, const float* x,
+                            Py_ssize_t x_stride, Py_ssize_t cols, Py_ssize_t g) noexcept nogil:
+    """part[4 r + t] = the 16 lanes of k_dot_affine's accumulator g for row r
+    (w + r * w_stride) and position t (x + t * x_stride), rows and positions
+    0..3: the groups g, g + 4, ... of each 64 values, then group g of a last
+    32 if g < 2. In a function of its own, so that its 16 accumulators and
+    the four weight vectors are all gcc has to keep in registers."""
+    cdef __m512 acc[16]
+    cdef Py_ssize_t i, j = 16 * g
+    cdef const float* w1 = w + w_stride
+    cdef const float* w2 = w + 2 * w_stride
+    cdef const float* w3 = w + 3 * w_stride
+    cdef const float* x1 = x + x_stride
+    cdef const float* x2 = x + 2 * x_stride
+    cdef const float* x3 = x + 3 * x_stride
+    for i in range(16):
+        acc[i] = _mm512_setzero_ps()
+    while j + 16 <= cols:
+        _group_step_4x4(acc, w, w1, w2, w3, x, x1, x2, x3, j)
+        j += 64
+    for i in range(16):
+        part[i] = acc[i]
+
+
+cdef void _affine_4x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssize_t w_stride, const float* x,
+                      Py_ssize_t cols) noexcept nogil:
+    """out[t * out_stride + r] = k_dot_affine of row r (its exact weights at
+    w + r * w_stride) with position t (x + t * cols), rows and positions 0..3."""
+    cdef __m512 part[4][16]  # (g, 4 r + t)
+    cdef Py_ssize_t g, i
+    cdef float lanes[16]
+    for g in range(4):
+        _affine_group_4x4(part[g], w, w_stride, x, cols, cols, g)
+    for i in range(16):
+        _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(part[0][i], part[1][i]),
+                                              _mm512_add_ps(part[2][i], part[3][i])))
+        out[(i % 4) * out_stride + i // 4] = _sum8(lanes) + _sum8(lanes + 8)
 
 
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
-    _gemm_by_rows(out, w, x, n_tokens)
+    """k_gemm of an affine matrix by the blocked kernel above: positions in
+    passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows' weights formed
+    at a time (they stay in L1/L2), the 4 x 4 kernel over every four rows and
+    positions of the pass; rows and positions no whole tile covers by
+    k_dot_affine itself (the same bits). Other matrices: _gemm_by_rows."""
+    cdef Py_ssize_t rows = w.rows, cols = w.cols, row_bytes, t, t0, tn, r, i, n
+    cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) the rows' weights
+    if w.layout != QLAYOUT_AFFINE or scratch == NULL:
+        _gemm_by_rows(out, w, x, n_tokens)
+        return
+    row_bytes = _affine_row_bytes(w)
+    t0 = 0
+    while t0 < n_tokens:
+        tn = min(<Py_ssize_t> GEMM_POSITION_TILE, n_tokens - t0)
+        r = 0
+        while r < rows:
+            n = min(<Py_ssize_t> GEMM_ROW_TILE, rows - r)
+            for i in range(n):
+                if not w.resident:
+                    _prefetch_row(w.blocks + (r + i) * row_bytes, row_bytes)
+                _affine_row(wt + i * cols, w.blocks + (r + i) * row_bytes, cols, w.sub, w.has_offset)
+            i = 0
+            while i + 4 <= n:
+                t = t0
+                while t + 4 <= t0 + tn:
+                    _affine_4x4(out + t * rows + r + i, rows, wt + i * cols, cols, x + t * cols, cols)
+                    t += 4
+                _dots_affine(out, w, r + i, 4, t, t0 + tn, row_bytes, x)
+                i += 4
+            _dots_affine(out, w, r + i, n - i, t0, t0 + tn, row_bytes, x)
+            r += n
+        t0 += tn
+
+
+cdef inline void _dots_affine(float* out, const QMatrix* w, Py_ssize_t r, Py_ssize_t n_rows, Py_ssize_t t_lo,
+                              Py_ssize_t t_hi, Py_ssize_t row_bytes, const float* x) noexcept nogil:
+    """out[t * rows + r + i] = k_dot_affine of row r + i with position t, for
+    i < n_rows and t_lo <= t < t_hi (what no 4 x 4 tile covers)."""
+    cdef Py_ssize_t i, t
+    for i in range(n_rows):
+        for t in range(t_lo, t_hi):
+            out[t * w.rows + r + i] = k_dot_affine(w.blocks + (r + i) * row_bytes, x + t * w.cols, w.cols,
+                                                   w.sub, w.has_offset)
 
 
 cdef inline void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
