@@ -6,10 +6,12 @@
 # tail uses masked loads (AVX512BW+VL for bytes), which never touch memory
 # past the end.
 #
-# k_dot_q8_0: per block, p = q[0:16] x[0:16] + q[16:32] x[16:32] lane by lane
-# (one product, one FMA), then acc += f32(d) * p (one FMA; d converted by
-# F16C); even blocks into acc0, odd ones into acc1; the 16 lanes of
-# acc0 + acc1 summed as _sum8(lanes 0-7) + _sum8(lanes 8-15).
+# k_dot_q8_0: k_dot_affine's order with a = f32(d) and no offset: per 16
+# values the exact weights f32(q) * f32(d) (8 bits times an f16's 11: exact)
+# and one FMA with x; the 16-value groups of every 64 values (two blocks)
+# into acc0..acc3 in turn, a last block into acc0, acc1; (acc0 + acc1) +
+# (acc2 + acc3), its 16 lanes summed as _sum8(lanes 0-7) + _sum8(lanes 8-15).
+# So a Q8_0 matrix's GEMM is the affine one on rows dequantized once.
 
 cdef extern from "immintrin.h" nogil:
     ctypedef struct __m128i:
@@ -80,29 +82,30 @@ cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const flo
     _gemv_i8_rows(out, q, scale, x, rows, cols)
 
 
-cdef inline __m512 _block_q8_0(const uint8_t* block, const float* x) noexcept nogil:
-    """The 32 products of one Q8_0 block with x[0:32], summed to 16 lanes."""
+cdef inline void _q8_0_block(__m512* lo, __m512* hi, const uint8_t* block, const float* x) noexcept nogil:
+    """lo += the block's first 16 weights f32(q) * f32(d) times x[0:16], hi its last 16 times x[16:32]."""
     cdef const int8_t* q = <const int8_t*> (block + 2)
-    cdef __m512 p = _mm512_mul_ps(_widen16(q), _mm512_loadu_ps(x))
-    return _mm512_fmadd_ps(_widen16(q + 16), _mm512_loadu_ps(x + 16), p)
+    cdef __m512 d = _mm512_set1_ps(_cvtsh_ss(_load_u16(block)))
+    lo[0] = _mm512_fmadd_ps(_mm512_mul_ps(_widen16(q), d), _mm512_loadu_ps(x), lo[0])
+    hi[0] = _mm512_fmadd_ps(_mm512_mul_ps(_widen16(q + 16), d), _mm512_loadu_ps(x + 16), hi[0])
 
 
 cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
-    cdef __m512 acc0 = _mm512_setzero_ps()
-    cdef __m512 acc1 = _mm512_setzero_ps()
+    cdef __m512 acc[4]
     cdef const uint8_t* b = blocks
     cdef Py_ssize_t k = 0
     cdef float lanes[16]
+    acc[0] = _mm512_setzero_ps()
+    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
     while k + 2 <= n_blocks:
-        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(_load_u16(b))), _block_q8_0(b, x), acc0)
-        acc1 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(_load_u16(b + Q8_0_BYTES))),
-                               _block_q8_0(b + Q8_0_BYTES, x + Q8_0_BLOCK), acc1)
+        _q8_0_block(&acc[0], &acc[1], b, x)
+        _q8_0_block(&acc[2], &acc[3], b + Q8_0_BYTES, x + Q8_0_BLOCK)
         b += 2 * Q8_0_BYTES
         x += 2 * Q8_0_BLOCK
         k += 2
     if k < n_blocks:
-        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(_load_u16(b))), _block_q8_0(b, x), acc0)
-    _mm512_storeu_ps(lanes, _mm512_add_ps(acc0, acc1))
+        _q8_0_block(&acc[0], &acc[1], b, x)
+    _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
     return _sum8(lanes) + _sum8(lanes + 8)
 
 
@@ -111,19 +114,17 @@ cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
     _gemv_q8_0_rows(out, blocks, x, rows, n_blocks)
 
 
-# _gemm (prefill) of an affine matrix (Q4_K tiles, Q6_K and the other
-# k-quants as records): GEMM_ROW_TILE rows' exact weights formed once into
-# scratch as f32, then a 4-row x 4-position kernel. k_dot_affine's
-# accumulator g only ever takes the 16-value groups g, g + 4, g + 8, ... of a
-# row (groups 0, 1 of a last 32 values), so the kernel runs one g at a time
-# with one accumulator per output: 16 in registers, each weight loaded once
-# for four positions and each activation once for four rows, and the four
-# partial sums are combined as the GEMV combines its accumulators, (a0 + a1)
-# + (a2 + a3), lanes summed alike: the same operations on the same values in
-# the same order, so the same bits. A Q8_0 matrix keeps _gemm_by_rows: its
-# order (a block's scale applied after the block's sum, what makes the GEMV
-# cheap) costs three vector operations per 32 multiply-adds in any blocking
-# (docs/benchmarks.md#history, 2026-12-02).
+# _gemm (prefill) of a Q8_0 or affine matrix (Q4_K tiles, Q6_K and the
+# other k-quants as records): GEMM_ROW_TILE rows' exact weights formed once
+# into scratch as f32 (a Q8_0 row's f32(q) * f32(d)), then a 4-row x
+# 4-position kernel. k_dot_affine's (and k_dot_q8_0's) accumulator g only
+# ever takes the 16-value groups g, g + 4, g + 8, ... of a row (groups 0, 1
+# of a last 32 values), so the kernel runs one g at a time with one
+# accumulator per output: 16 in registers, each weight loaded once for four
+# positions and each activation once for four rows, and the four partial
+# sums are combined as the GEMV combines its accumulators, (a0 + a1) +
+# (a2 + a3), lanes summed alike: the same operations on the same values in
+# the same order, so the same bits.
 
 cdef enum:
     GEMM_ROW_TILE = 8  # rows whose weights _gemm forms at once (two 4-row kernels)
@@ -132,6 +133,19 @@ cdef enum:
 
 cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
     return GEMM_ROW_TILE * cols  # the rows' weights as f32
+
+
+cdef inline void _q8_0_row(float* w, const uint8_t* row, Py_ssize_t nb) noexcept nogil:
+    """One Q8_0 row's exact weights f32(q) * f32(d), as _q8_0_block forms them."""
+    cdef Py_ssize_t k
+    cdef const int8_t* q
+    cdef __m512 d
+    for k in range(nb):
+        q = <const int8_t*> (row + 2)
+        d = _mm512_set1_ps(_cvtsh_ss(_load_u16(row)))
+        _mm512_storeu_ps(w + 32 * k, _mm512_mul_ps(_widen16(q), d))
+        _mm512_storeu_ps(w + 32 * k + 16, _mm512_mul_ps(_widen16(q + 16), d))
+        row += Q8_0_BYTES
 
 
 cdef inline void _affine_row(float* w, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
@@ -227,17 +241,19 @@ cdef void _affine_4x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssiz
 
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
-    """k_gemm of an affine matrix by the blocked kernel above: positions in
-    passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows' weights formed
-    at a time (they stay in L1/L2), the 4 x 4 kernel over every four rows and
-    positions of the pass; rows and positions no whole tile covers by
-    k_dot_affine itself (the same bits). Other matrices: _gemm_by_rows."""
-    cdef Py_ssize_t rows = w.rows, cols = w.cols, row_bytes, t, t0, tn, r, i, n
+    """k_gemm of a Q8_0 or affine matrix by the blocked kernel above:
+    positions in passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows'
+    weights formed at a time (they stay in L1/L2), the 4 x 4 kernel over
+    every four rows and positions of the pass; rows and positions no whole
+    tile covers by the GEMV's own dot product (the same bits). Other
+    matrices: _gemm_by_rows."""
+    cdef bint q8_0 = w.layout == QLAYOUT_Q8_0
+    cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK, row_bytes, t, t0, tn, r, i, n
     cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) the rows' weights
-    if w.layout != QLAYOUT_AFFINE or scratch == NULL:
+    if not (q8_0 or w.layout == QLAYOUT_AFFINE) or scratch == NULL:
         _gemm_by_rows(out, w, x, n_tokens)
         return
-    row_bytes = _affine_row_bytes(w)
+    row_bytes = nb * Q8_0_BYTES if q8_0 else _affine_row_bytes(w)
     t0 = 0
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_POSITION_TILE, n_tokens - t0)
@@ -247,29 +263,36 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
             for i in range(n):
                 if not w.resident:
                     _prefetch_row(w.blocks + (r + i) * row_bytes, row_bytes)
-                _affine_row(wt + i * cols, w.blocks + (r + i) * row_bytes, cols, w.sub, w.has_offset)
+                if q8_0:
+                    _q8_0_row(wt + i * cols, w.blocks + (r + i) * row_bytes, nb)
+                else:
+                    _affine_row(wt + i * cols, w.blocks + (r + i) * row_bytes, cols, w.sub, w.has_offset)
             i = 0
             while i + 4 <= n:
                 t = t0
                 while t + 4 <= t0 + tn:
                     _affine_4x4(out + t * rows + r + i, rows, wt + i * cols, cols, x + t * cols, cols)
                     t += 4
-                _dots_affine(out, w, r + i, 4, t, t0 + tn, row_bytes, x)
+                _dots(out, w, r + i, 4, t, t0 + tn, row_bytes, x)
                 i += 4
-            _dots_affine(out, w, r + i, n - i, t0, t0 + tn, row_bytes, x)
+            _dots(out, w, r + i, n - i, t0, t0 + tn, row_bytes, x)
             r += n
         t0 += tn
 
 
-cdef inline void _dots_affine(float* out, const QMatrix* w, Py_ssize_t r, Py_ssize_t n_rows, Py_ssize_t t_lo,
-                              Py_ssize_t t_hi, Py_ssize_t row_bytes, const float* x) noexcept nogil:
-    """out[t * rows + r + i] = k_dot_affine of row r + i with position t, for
-    i < n_rows and t_lo <= t < t_hi (what no 4 x 4 tile covers)."""
+cdef inline void _dots(float* out, const QMatrix* w, Py_ssize_t r, Py_ssize_t n_rows, Py_ssize_t t_lo,
+                       Py_ssize_t t_hi, Py_ssize_t row_bytes, const float* x) noexcept nogil:
+    """out[t * rows + r + i] = the GEMV's dot product of row r + i with
+    position t, for i < n_rows and t_lo <= t < t_hi (what no 4 x 4 tile covers)."""
     cdef Py_ssize_t i, t
     for i in range(n_rows):
         for t in range(t_lo, t_hi):
-            out[t * w.rows + r + i] = k_dot_affine(w.blocks + (r + i) * row_bytes, x + t * w.cols, w.cols,
-                                                   w.sub, w.has_offset)
+            if w.layout == QLAYOUT_Q8_0:
+                out[t * w.rows + r + i] = k_dot_q8_0(w.blocks + (r + i) * row_bytes, x + t * w.cols,
+                                                     w.cols // Q8_0_BLOCK)
+            else:
+                out[t * w.rows + r + i] = k_dot_affine(w.blocks + (r + i) * row_bytes, x + t * w.cols, w.cols,
+                                                       w.sub, w.has_offset)
 
 
 cdef inline void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
