@@ -82,12 +82,17 @@ cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const flo
     _gemv_i8_rows(out, q, scale, x, rows, cols)
 
 
-cdef inline void _q8_0_block(__m512* lo, __m512* hi, const uint8_t* block, const float* x) noexcept nogil:
-    """lo += the block's first 16 weights f32(q) * f32(d) times x[0:16], hi its last 16 times x[16:32]."""
-    cdef const int8_t* q = <const int8_t*> (block + 2)
+cdef inline __m512 _q8_0_weights16(const uint8_t* block, Py_ssize_t half) noexcept nogil:
+    """The exact weights f32(q) * f32(d) of values 16 half .. 16 half + 15 of one
+    Q8_0 block (what the GEMV multiplies and the GEMM lays out)."""
     cdef __m512 d = _mm512_set1_ps(_cvtsh_ss(_load_u16(block)))
-    lo[0] = _mm512_fmadd_ps(_mm512_mul_ps(_widen16(q), d), _mm512_loadu_ps(x), lo[0])
-    hi[0] = _mm512_fmadd_ps(_mm512_mul_ps(_widen16(q + 16), d), _mm512_loadu_ps(x + 16), hi[0])
+    return _mm512_mul_ps(_widen16(<const int8_t*> (block + 2) + 16 * half), d)
+
+
+cdef inline void _q8_0_block(__m512* lo, __m512* hi, const uint8_t* block, const float* x) noexcept nogil:
+    """lo += the block's first 16 weights times x[0:16], hi its last 16 times x[16:32]."""
+    lo[0] = _mm512_fmadd_ps(_q8_0_weights16(block, 0), _mm512_loadu_ps(x), lo[0])
+    hi[0] = _mm512_fmadd_ps(_q8_0_weights16(block, 1), _mm512_loadu_ps(x + 16), hi[0])
 
 
 cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
@@ -136,15 +141,11 @@ cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noex
 
 
 cdef inline void _q8_0_row(float* w, const uint8_t* row, Py_ssize_t nb) noexcept nogil:
-    """One Q8_0 row's exact weights f32(q) * f32(d), as _q8_0_block forms them."""
+    """One Q8_0 row's exact weights, as the GEMV forms them (_q8_0_weights16)."""
     cdef Py_ssize_t k
-    cdef const int8_t* q
-    cdef __m512 d
     for k in range(nb):
-        q = <const int8_t*> (row + 2)
-        d = _mm512_set1_ps(_cvtsh_ss(_load_u16(row)))
-        _mm512_storeu_ps(w + 32 * k, _mm512_mul_ps(_widen16(q), d))
-        _mm512_storeu_ps(w + 32 * k + 16, _mm512_mul_ps(_widen16(q + 16), d))
+        _mm512_storeu_ps(w + 32 * k, _q8_0_weights16(row, 0))
+        _mm512_storeu_ps(w + 32 * k + 16, _q8_0_weights16(row, 1))
         row += Q8_0_BYTES
 
 
