@@ -133,8 +133,8 @@ def _cached_tables(gf) -> tuple[str | None, VocabTables | None]:
 
 
 def _special_ids(gf) -> tuple[int, int, int, int]:
-    """(bos, eos, unk, pad) of a vocabulary whose tables came from the cache
-    (so the ids were checked when they were built); pad defaults to unk."""
+    """(bos, eos, unk, pad) of a vocabulary with bos, eos and unk ids (their
+    range is build_tables' check); pad defaults to unk."""
     special = _vocab_fields(gf)[3]
     return special["bos"], special["eos"], special["unk"], special.get("pad", special["unk"])
 
@@ -427,12 +427,12 @@ class SentencePieceTokenizer(PieceTable):
         for short in ("bos", "eos", "unk"):
             if short not in special:
                 raise ModelFormatError(f"{gf.path}: metadata key {SPECIAL_KEYS[short]} missing")
-        ids = special["bos"], special["eos"], special["unk"], special.get("pad")
+        ids = _special_ids(gf)
         tables = build_tables(pieces, scores, types, *ids, source=gf.path)
         if key is not None:
             sp_cache.store(key, tables)
         tok = cls.__new__(cls)
-        tok._adopt(tables, *ids[:3], ids[2] if ids[3] is None else ids[3], source=gf.path)
+        tok._adopt(tables, *ids, source=gf.path)
         return tok
 
     def encode(self, text: str | bytes, parse_special: bool = False) -> list[int]:

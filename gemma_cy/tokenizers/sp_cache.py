@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from ..errors import ModelFormatError
 
 CACHE_VERSION = 2  # bump when VocabTables or the proto built into it changes
 # Vocabularies smaller than this build in well under 0.1 s: no file for them
@@ -127,22 +128,15 @@ def _consistent(t: VocabTables, n: int) -> bool:
 def store(key: str, tables: VocabTables) -> None:
     """Write ``tables`` under ``key`` (atomically: a reader sees the whole
     file or none); a cache that cannot be written is skipped."""
+    from ..formats.mapped import atomic_write
+
     path = cache_path(key)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with atomic_write(str(path)) as f:
             np.savez(f, proto=np.frombuffer(tables.proto, np.uint8),
                      pieces_blob=np.frombuffer(tables.pieces.blob, np.uint8), pieces_offsets=tables.pieces.offsets,
                      out_blob=np.frombuffer(tables.out.blob, np.uint8), out_offsets=tables.out.offsets,
                      types=tables.types, byte_ids=tables.byte_ids)
-        os.replace(tmp, path)
-    except OSError:
+    except (OSError, ModelFormatError):  # atomic_write reports an OSError as ModelFormatError
         pass
-    finally:
-        if tmp.exists():
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-
