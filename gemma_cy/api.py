@@ -20,7 +20,7 @@ from .generation.session import Session
 from .errors import ModelFormatError, ParameterError, TokenIndexError
 from .formats.gguf_model import read_gguf
 from .formats.gmw import read_gmw
-from .formats.mapped import check_regular
+from .formats.mapped import check_regular, return_freed_heap
 from .formats.llama2c import is_llama2c_checkpoint, read_llama2c
 from .tokenizers.llama2c import Llama2cTokenizer
 from .generation.evaluation import Evaluation, check_ctx, evaluate
@@ -111,6 +111,7 @@ def load(weights: str | os.PathLike | None = None, tokenizer: str | None = None,
         loaded, tok = read_gguf(gf), tokenizer_from_gguf(gf)
     else:
         loaded, tok = open_weights(weights), open_tokenizer(tok_path)
+    return_freed_heap()  # before the engine lays out its weights: the start-up peak
     if tok.vocab_size != loaded.config.vocab_size:
         raise ModelFormatError(
             f"tokenizer vocab_size = {tok.vocab_size} does not match the weights' vocab_size = "

@@ -2,9 +2,10 @@
 
 A GGUF file carries no ``tokenizer.model``; it carries the pieces, their
 scores and their types (``tokenizer.ggml.tokens/scores/token_type``). From
-those this module writes a SentencePiece ``ModelProto`` with Gemma's
-settings and hands it to the ``sentencepiece`` package, so the encoding
-itself is SentencePiece's own BPE:
+those this module builds the tables of a SentencePiece BPE model with
+Gemma's settings, and ``sp_bpe`` encodes with them exactly as the
+``sentencepiece`` package does for the equivalent ModelProto
+(``build_model_proto``, which the tests hand to that package):
 
 * model type BPE: repeatedly merge the adjacent pair whose joined piece has
   the highest score (leftmost on ties); byte fallback for characters no
@@ -15,10 +16,10 @@ itself is SentencePiece's own BPE:
 * user-defined pieces (newline, tab and space runs, HTML tags) are matched
   whole, longest first, and never merged further. llama.cpp's converter
   stores the space runs with real spaces ("  "); SentencePiece matches
-  after spaces became U+2581, so they go into the proto as "\u2581\u2581".
+  after spaces became U+2581, so they are spelled "\u2581\u2581".
 
-The proto is serialized here by hand (five message fields are all it
-needs), which keeps ``protobuf`` out of the dependencies.
+A vocabulary SentencePiece would refuse is refused here too (each rule in
+``_spell_checked``), naming the token.
 
 Two things differ on purpose from running SentencePiece on the raw text:
 
@@ -38,13 +39,13 @@ import math
 import os
 import re
 import struct
-from dataclasses import replace
 
 import numpy as np
 
 from ..errors import ModelFormatError
 from . import sp_cache
 from .greedy import PieceTable, SpecialPieces, text_to_bytes
+from .sp_bpe import BPEVocab, SentencePieceBPE, build_index
 from .sp_cache import PackedPieces, VocabTables
 
 # GGUF token types (llama.cpp's llama_token_type), the same numbers as
@@ -62,6 +63,7 @@ META_SPACE = "\u2581".encode()  # SentencePiece's visible space
 _BYTE_PIECE = re.compile(rb"<0x([0-9A-Fa-f]{2})>")
 _INVALID_RUN = re.compile("[\udc80-\udcff]+")  # bytes that are not UTF-8, after surrogateescape
 F32_MAX = 3.4028234663852886e38
+MAX_PIECE_BYTES = 7999  # SentencePiece refuses longer pieces
 
 # The GGUF keys of the special ids; bos, eos and unk must be present.
 SPECIAL_KEYS = {
@@ -226,6 +228,11 @@ def _spell_checked(pieces, scores, types, unk_id: int, where: str):
             raise ModelFormatError(f"{where}: token {i} ({piece[:32]!r}): score {score!r} must be a finite f32")
         if not piece:
             raise ModelFormatError(f"{where}: token {i}: empty piece")
+        if len(piece) > MAX_PIECE_BYTES:
+            raise ModelFormatError(f"{where}: token {i} ({piece[:32]!r}...): {len(piece)} bytes, "
+                                   f"SentencePiece's limit is {MAX_PIECE_BYTES}")
+        if b"\x00" in piece:
+            raise ModelFormatError(f"{where}: token {i}: piece {piece[:32]!r} holds a NUL byte")
         try:
             piece.decode("utf-8")
         except UnicodeDecodeError:
@@ -260,6 +267,10 @@ def _spell_checked(pieces, scores, types, unk_id: int, where: str):
         first_of[spelled] = i
         sp_pieces.append(spelled)
         sp_types.append(ptype)
+    missing = [b for b in range(256) if byte_ids[b] < 0]
+    if 0 < len(missing) < 256:
+        raise ModelFormatError(f"{where}: {256 - len(missing)} byte pieces, but byte fallback needs all 256 "
+                               f"(<0x{missing[0]:02X}> is missing)")
     return sp_pieces, sp_types, out, byte_ids
 
 
@@ -269,7 +280,8 @@ def _spell_fast(pieces, scores, types, unk_id: int):
     n = len(pieces)
     if set(map(type, pieces)) != {bytes} or set(map(type, types)) != {int} or not set(types) <= set(TOKEN_TYPES):
         return None
-    if min(map(len, pieces)) == 0 or types.count(TOKEN_UNKNOWN) > (types[unk_id] == TOKEN_UNKNOWN):
+    if min(map(len, pieces)) == 0 or max(map(len, pieces)) > MAX_PIECE_BYTES \
+            or types.count(TOKEN_UNKNOWN) > (types[unk_id] == TOKEN_UNKNOWN):
         return None
     try:
         score_values = np.asarray(scores, dtype=np.float64)
@@ -278,8 +290,11 @@ def _spell_fast(pieces, scores, types, unk_id: int):
     if score_values.shape != (n,) or not np.all(np.abs(score_values) <= F32_MAX):  # NaN fails too
         return None
     try:
-        b"\x00".join(pieces).decode("utf-8")  # a bad sequence cannot borrow bytes across the NUL
+        joined = b"\x00".join(pieces)
+        joined.decode("utf-8")  # a bad sequence cannot borrow bytes across the NUL
     except UnicodeDecodeError:
+        return None
+    if joined.count(0) != n - 1:  # a piece holds a NUL
         return None
     sp_types = list(types)
     sp_types[unk_id] = TOKEN_UNKNOWN
@@ -301,7 +316,7 @@ def _spell_fast(pieces, scores, types, unk_id: int):
             out[i] = b""
         elif ptype == TOKEN_USER_DEFINED:
             sp_pieces[i] = pieces[i].replace(SPACE, META_SPACE)
-    if len(set(sp_pieces)) != n:
+    if len(set(sp_pieces)) != n or 0 < byte_ids.count(-1) < 256:
         return None
     return sp_pieces, sp_types, out, byte_ids
 
@@ -330,9 +345,10 @@ def build_tables(pieces: list[bytes], scores: list[float], types: list[int], bos
     if spelled is None:  # some rule is broken: the careful pass names the token and the rule
         spelled = _spell_checked(pieces, scores, types, unk_id, where)
     sp_pieces, sp_types, out, byte_ids = spelled
+    spelled_pieces = PackedPieces.pack(sp_pieces)
     return VocabTables(
-        proto=build_model_proto(sp_pieces, scores, sp_types, unk_id, bos_id, eos_id, pad_id),
-        pieces=PackedPieces.pack(pieces), out=PackedPieces.pack(out), types=np.array(sp_types, np.int8),
+        pieces=PackedPieces.pack(pieces), spelled=spelled_pieces, out=PackedPieces.pack(out),
+        types=np.array(sp_types, np.int8), scores=np.array(scores, np.float32), index=build_index(spelled_pieces),
         byte_ids=np.array(byte_ids, np.int32))
 
 
@@ -355,24 +371,16 @@ class SentencePieceTokenizer(PieceTable):
                source: str) -> None:
         """Run from ``tables``, built from a checked vocabulary here or read
         back from the cache (sp_cache)."""
-        import sentencepiece
-
-        where = source or "vocab"
         n = len(tables.pieces)
-        try:
-            self._sp = sentencepiece.SentencePieceProcessor(model_proto=tables.proto)
-        except Exception as e:  # sentencepiece raises RuntimeError/OSError with its own status text
-            raise ModelFormatError(f"{where}: SentencePiece rejected the vocab: {e}") from None
-        if self._sp.get_piece_size() != n:
-            raise ModelFormatError(f"{where}: SentencePiece built {self._sp.get_piece_size()} pieces from {n}")
-
+        self._bpe = SentencePieceBPE(BPEVocab(spelled=tables.spelled, scores=tables.scores, types=tables.types,
+                                              index=tables.index, unk_id=unk_id, byte_ids=tables.byte_ids))
         self.source = source
         self.vocab_size = n
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.unk_id = unk_id
         self.pad_id = pad_id
-        self._tables = replace(tables, proto=b"")  # SentencePiece holds its own copy
+        self._tables = tables
         self._out = tables.out
         self._byte_ids = [unk_id if b < 0 else b for b in tables.byte_ids.tolist()]  # no piece: unknown
         control = (tables.types == TOKEN_CONTROL) | (tables.types == TOKEN_UNKNOWN)
@@ -450,7 +458,7 @@ class SentencePieceTokenizer(PieceTable):
         if not data:
             return []
         try:
-            return self._sp.encode(data.decode("utf-8"))
+            return self._bpe.encode(data.decode("utf-8"))
         except UnicodeDecodeError:
             pass
         text = data.decode("utf-8", "surrogateescape")
@@ -458,9 +466,9 @@ class SentencePieceTokenizer(PieceTable):
         done = 0
         for m in _INVALID_RUN.finditer(text):
             if m.start() > done:
-                ids += self._sp.encode(text[done:m.start()])
+                ids += self._bpe.encode(text[done:m.start()])
             ids += [self._byte_ids[ord(c) - 0xDC00] for c in m.group()]
             done = m.end()
         if done < len(text):
-            ids += self._sp.encode(text[done:])
+            ids += self._bpe.encode(text[done:])
         return ids

@@ -3,7 +3,7 @@ user's cache directory, so a model's tokenizer is built from its GGUF
 vocabulary once, not at every start (docs/model.md#tokenizer-cache).
 
 Building Gemma 3's 262,144-piece vocabulary (checking every piece, spelling
-it for SentencePiece and writing the model proto) takes ~0.5 s of Python;
+it as SentencePiece does and hashing the spellings) takes ~0.5 s of Python;
 reading the tables back takes a few milliseconds. The cache file is keyed by
 a hash of everything the tables are built from: the bytes of the tokens,
 scores and types arrays as the GGUF file stores them, their types, and the
@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ModelFormatError
 
-CACHE_VERSION = 2  # bump when VocabTables or the proto built into it changes
+CACHE_VERSION = 3  # bump when VocabTables changes
 # Vocabularies smaller than this build in well under 0.1 s: no file for them
 # (the tests' and fuzzers' small vocabularies leave no trace in the cache).
 CACHE_MIN_PIECES = 16384
@@ -35,12 +35,15 @@ class PackedPieces(Sequence):
     """A list of byte strings held as one blob and their offsets: id -> bytes."""
 
     def __init__(self, blob: bytes, offsets: np.ndarray) -> None:
-        self.blob, self.offsets = blob, offsets  # offsets: int64 (n + 1,), from 0 to len(blob)
+        self.blob, self.offsets = blob, offsets  # offsets: int32 (n + 1,), from 0 to len(blob)
 
     @classmethod
     def pack(cls, pieces: list[bytes]) -> PackedPieces:
-        offsets = np.zeros(len(pieces) + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, pieces), np.int64, len(pieces)), out=offsets[1:])
+        lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
+        if lengths.sum() >= 2**31:
+            raise ModelFormatError(f"vocabulary of {lengths.sum()} bytes; at most {2**31 - 1} are supported")
+        offsets = np.zeros(len(pieces) + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:], dtype=np.int32)
         return cls(b"".join(pieces), offsets)
 
     def __len__(self) -> int:
@@ -66,15 +69,18 @@ class PackedPieces(Sequence):
 @dataclass(frozen=True)
 class VocabTables:
     """What a SentencePieceTokenizer runs from, once its vocabulary is checked:
-    the serialized SentencePiece ``proto``; per id the ``pieces`` as the file
-    spells them (``pieces.find``: a piece's first id), ``out`` (what the id
-    decodes to) and SentencePiece's ``types``; ``byte_ids`` (the id of each
-    byte's piece, -1 if none)."""
+    per id the ``pieces`` as the file spells them (``pieces.find``: a
+    piece's first id), as SentencePiece spells them (``spelled``), ``out``
+    (what the id decodes to), SentencePiece's ``types`` and the ``scores``;
+    the hash ``index`` of the spellings (sp_bpe.build_index); ``byte_ids``
+    (the id of each byte's piece, -1 if none)."""
 
-    proto: bytes
     pieces: PackedPieces
+    spelled: PackedPieces
     out: PackedPieces
     types: np.ndarray     # int8 (n,)
+    scores: np.ndarray    # f32 (n,)
+    index: np.ndarray     # int32 (2^k,)
     byte_ids: np.ndarray  # int32 (256,)
 
 
@@ -102,10 +108,10 @@ def load(key: str, n: int) -> VocabTables | None:
         with np.load(cache_path(key), allow_pickle=False) as f:
             arrays = {name: f[name] for name in f.files}
         tables = VocabTables(
-            proto=arrays["proto"].tobytes(),
             pieces=PackedPieces(arrays["pieces_blob"].tobytes(), arrays["pieces_offsets"]),
+            spelled=PackedPieces(arrays["spelled_blob"].tobytes(), arrays["spelled_offsets"]),
             out=PackedPieces(arrays["out_blob"].tobytes(), arrays["out_offsets"]),
-            types=arrays["types"], byte_ids=arrays["byte_ids"])
+            types=arrays["types"], scores=arrays["scores"], index=arrays["index"], byte_ids=arrays["byte_ids"])
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # absent, or not a whole entry
         return None
     return tables if _consistent(tables, n) else None
@@ -114,12 +120,15 @@ def load(key: str, n: int) -> VocabTables | None:
 def _consistent(t: VocabTables, n: int) -> bool:
     """Shapes, offsets and ids of stored tables within their bounds (what
     the tokenizer indexes without further checks)."""
-    for packed in (t.pieces, t.out):
+    from .sp_bpe import index_consistent
+
+    for packed in (t.pieces, t.spelled, t.out):
         o = packed.offsets
-        if o.dtype != np.int64 or o.shape != (n + 1,) or o[0] != 0 or o[-1] != len(packed.blob) \
+        if o.dtype != np.int32 or o.shape != (n + 1,) or o[0] != 0 or o[-1] != len(packed.blob) \
                 or np.any(np.diff(o) < 0):
             return False
-    if t.types.dtype != np.int8 or t.types.shape != (n,):
+    if t.types.dtype != np.int8 or t.types.shape != (n,) or t.scores.dtype != np.float32 \
+            or t.scores.shape != (n,) or not index_consistent(t.index, n):
         return False
     return t.byte_ids.dtype == np.int32 and t.byte_ids.shape == (256,) and not np.any(t.byte_ids >= n) \
         and not np.any(t.byte_ids < -1)
@@ -134,9 +143,10 @@ def store(key: str, tables: VocabTables) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(str(path)) as f:
-            np.savez(f, proto=np.frombuffer(tables.proto, np.uint8),
-                     pieces_blob=np.frombuffer(tables.pieces.blob, np.uint8), pieces_offsets=tables.pieces.offsets,
+            np.savez(f, pieces_blob=np.frombuffer(tables.pieces.blob, np.uint8), pieces_offsets=tables.pieces.offsets,
+                     spelled_blob=np.frombuffer(tables.spelled.blob, np.uint8),
+                     spelled_offsets=tables.spelled.offsets,
                      out_blob=np.frombuffer(tables.out.blob, np.uint8), out_offsets=tables.out.offsets,
-                     types=tables.types, byte_ids=tables.byte_ids)
+                     types=tables.types, scores=tables.scores, index=tables.index, byte_ids=tables.byte_ids)
     except (OSError, ModelFormatError):  # atomic_write reports an OSError as ModelFormatError
         pass
