@@ -13,7 +13,7 @@ sentencepiece = pytest.importorskip("sentencepiece", reason="the oracle: pip ins
 from gemma_cy.errors import ModelFormatError  # noqa: E402
 from gemma_cy.tokenizers.sp import (  # noqa: E402
     TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED, TOKEN_USER_DEFINED, SentencePieceTokenizer,
-    build_model_proto)
+    _spell_checked, build_model_proto)
 
 N, U, C, D, X, B = TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE
 SP = "\u2581"
@@ -69,6 +69,8 @@ def test_random_vocabularies_encode_as_sentencepiece(vocab, texts):
     sp = oracle(tok)
     for text in texts:
         assert tok.encode(text) == sp.encode(text), (text, pieces, scores, types)
+    # what each id decodes to, worked out when asked, is the list the careful build writes
+    assert [tok.piece_bytes(i) for i in range(tok.vocab_size)] == _spell_checked(pieces, scores, types, 0, "")[2]
 
 
 def test_equal_scores_merge_leftmost_first():

@@ -453,7 +453,7 @@ def test_vocabulary_is_built_once_then_read_from_the_cache(tmp_path, cache_home)
     p, s, t = hand_vocab()
     loaded = sp_cache.load(stored[0].name.split("-")[1][:-4], len(p))
     built_tables = build_tables(p, s, t, 2, 1, 3, 0)
-    for name in ("pieces", "spelled", "out"):
+    for name in ("pieces", "spelled"):
         assert list(getattr(loaded, name)) == list(getattr(built_tables, name)), name
     for name in ("types", "scores", "index", "byte_ids"):
         assert np.array_equal(getattr(loaded, name), getattr(built_tables, name)), name
@@ -485,7 +485,7 @@ def test_a_damaged_cache_entry_is_rebuilt(tmp_path, cache_home, damage):
         with np.load(entry) as f:
             arrays = {k: f[k] for k in f.files}
         if damage == "bad offsets":
-            arrays["out_offsets"][5] = 10**9
+            arrays["pieces_offsets"][5] = 10**9
         else:
             arrays["byte_ids"][7] = 10**6
         with open(entry, "wb") as f:

@@ -39,6 +39,7 @@ import math
 import os
 import re
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -344,12 +345,35 @@ def build_tables(pieces: list[bytes], scores: list[float], types: list[int], bos
     spelled = _spell_fast(pieces, scores, types, unk_id)
     if spelled is None:  # some rule is broken: the careful pass names the token and the rule
         spelled = _spell_checked(pieces, scores, types, unk_id, where)
-    sp_pieces, sp_types, out, byte_ids = spelled
+    sp_pieces, sp_types, _, byte_ids = spelled
     spelled_pieces = PackedPieces.pack(sp_pieces)
     return VocabTables(
-        pieces=PackedPieces.pack(pieces), spelled=spelled_pieces, out=PackedPieces.pack(out),
+        pieces=PackedPieces.pack(pieces), spelled=spelled_pieces,
         types=np.array(sp_types, np.int8), scores=np.array(scores, np.float32), index=build_index(spelled_pieces),
         byte_ids=np.array(byte_ids, np.int32))
+
+
+class DecodedPieces(Sequence):
+    """id -> the bytes it decodes to, worked out from the piece table when
+    asked (no third copy of the vocabulary): nothing for a control or
+    unknown piece, its byte for a byte piece, else the piece with each
+    U+2581 a space (what ``_spell_checked`` lists as ``out``)."""
+
+    def __init__(self, pieces: PackedPieces, types: np.ndarray, byte_ids: np.ndarray) -> None:
+        self._pieces = pieces
+        self._silent = ((types == TOKEN_CONTROL) | (types == TOKEN_UNKNOWN)).tobytes()  # 1 byte per id
+        self._byte_of = {token: value for value, token in enumerate(byte_ids.tolist()) if token >= 0}
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def __getitem__(self, token_id: int) -> bytes:
+        if self._silent[token_id]:
+            return b""
+        value = self._byte_of.get(token_id)
+        if value is not None:
+            return bytes((value,))
+        return self._pieces[token_id].replace(META_SPACE, SPACE)
 
 
 class SentencePieceTokenizer(PieceTable):
@@ -381,7 +405,7 @@ class SentencePieceTokenizer(PieceTable):
         self.unk_id = unk_id
         self.pad_id = pad_id
         self._tables = tables
-        self._out = tables.out
+        self._out = DecodedPieces(tables.pieces, tables.types, tables.byte_ids)
         self._byte_ids = [unk_id if b < 0 else b for b in tables.byte_ids.tolist()]  # no piece: unknown
         control = (tables.types == TOKEN_CONTROL) | (tables.types == TOKEN_UNKNOWN)
         self._control = control  # bool (n,)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ModelFormatError
 
-CACHE_VERSION = 3  # bump when VocabTables changes
+CACHE_VERSION = 4  # bump when VocabTables changes
 # Vocabularies smaller than this build in well under 0.1 s: no file for them
 # (the tests' and fuzzers' small vocabularies leave no trace in the cache).
 CACHE_MIN_PIECES = 16384
@@ -70,14 +70,13 @@ class PackedPieces(Sequence):
 class VocabTables:
     """What a SentencePieceTokenizer runs from, once its vocabulary is checked:
     per id the ``pieces`` as the file spells them (``pieces.find``: a
-    piece's first id), as SentencePiece spells them (``spelled``), ``out``
-    (what the id decodes to), SentencePiece's ``types`` and the ``scores``;
+    piece's first id), as SentencePiece spells them (``spelled``),
+    SentencePiece's ``types`` and the ``scores``;
     the hash ``index`` of the spellings (sp_bpe.build_index); ``byte_ids``
     (the id of each byte's piece, -1 if none)."""
 
     pieces: PackedPieces
     spelled: PackedPieces
-    out: PackedPieces
     types: np.ndarray     # int8 (n,)
     scores: np.ndarray    # f32 (n,)
     index: np.ndarray     # int32 (2^k,)
@@ -110,7 +109,6 @@ def load(key: str, n: int) -> VocabTables | None:
         tables = VocabTables(
             pieces=PackedPieces(arrays["pieces_blob"].tobytes(), arrays["pieces_offsets"]),
             spelled=PackedPieces(arrays["spelled_blob"].tobytes(), arrays["spelled_offsets"]),
-            out=PackedPieces(arrays["out_blob"].tobytes(), arrays["out_offsets"]),
             types=arrays["types"], scores=arrays["scores"], index=arrays["index"], byte_ids=arrays["byte_ids"])
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # absent, or not a whole entry
         return None
@@ -122,7 +120,7 @@ def _consistent(t: VocabTables, n: int) -> bool:
     the tokenizer indexes without further checks)."""
     from .sp_bpe import index_consistent
 
-    for packed in (t.pieces, t.spelled, t.out):
+    for packed in (t.pieces, t.spelled):
         o = packed.offsets
         if o.dtype != np.int32 or o.shape != (n + 1,) or o[0] != 0 or o[-1] != len(packed.blob) \
                 or np.any(np.diff(o) < 0):
@@ -146,7 +144,6 @@ def store(key: str, tables: VocabTables) -> None:
             np.savez(f, pieces_blob=np.frombuffer(tables.pieces.blob, np.uint8), pieces_offsets=tables.pieces.offsets,
                      spelled_blob=np.frombuffer(tables.spelled.blob, np.uint8),
                      spelled_offsets=tables.spelled.offsets,
-                     out_blob=np.frombuffer(tables.out.blob, np.uint8), out_offsets=tables.out.offsets,
                      types=tables.types, scores=tables.scores, index=tables.index, byte_ids=tables.byte_ids)
     except (OSError, ModelFormatError):  # atomic_write reports an OSError as ModelFormatError
         pass
