@@ -30,6 +30,7 @@ import numpy as np
 from gemma_cy.model.checks import check_activation_mode
 from gemma_cy.model.config import ModelConfig
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
+from gemma_cy.quant.ggml import Q5_0Tensor
 from gemma_cy.quant.tensors import Q8_0_BLOCK, Int8Tensor, Q8_0Tensor, quantize_activations_q8
 from gemma_cy.model.observe import Observer  # observer(layer, op, pos, value): the calls are listed there
 from gemma_cy.model.weights import Weights
@@ -69,7 +70,7 @@ class Q8Matrix:
 
         isum[r, b] = sum_i wq[r, b, i] * xq[b, i]     exact integers (< 2^20)
         s[r, b]    = xd[b]                  Int8Tensor (one weight scale w_s)
-                   = f32(d[r, b] * xd[b])   Q8_0Tensor (block scales d)
+                   = f32(d[r, b] * xd[b])   Q8_0Tensor, Q5_0Tensor (block scales d)
         out[r]     = f32(sum_b f64(isum[r, b]) * f64(s[r, b]) [* f64(w_s)])
 
     with the f64 sum taken block after block (each product is exact in f64;
@@ -78,7 +79,7 @@ class Q8Matrix:
 
     ROWS_PER_CHUNK = 8192  # bounds the f32 copy of the int8 values to ~20 MB at cols 640
 
-    def __init__(self, tensor: Int8Tensor | Q8_0Tensor | AffineTensor | Q4_KTensor) -> None:
+    def __init__(self, tensor: Int8Tensor | Q8_0Tensor | Q5_0Tensor | AffineTensor | Q4_KTensor) -> None:
         rows, cols = tensor.shape
         if cols % Q8_0_BLOCK:
             raise ValueError(f"q8 activations need cols % {Q8_0_BLOCK} == 0, got a ({rows}, {cols}) matrix")
@@ -86,7 +87,7 @@ class Q8Matrix:
         self.affine = tensor.levels() if isinstance(tensor, (AffineTensor, Q4_KTensor)) else None
         if self.affine is not None:
             self.wq, self.wd, self.scale = None, None, None
-        elif isinstance(tensor, Q8_0Tensor):
+        elif isinstance(tensor, (Q8_0Tensor, Q5_0Tensor)):  # a Q5_0Tensor's levels and d are its Q8_0 blocks'
             self.wq = tensor.qs  # (rows, nb, 32) int8
             self.wd = tensor.d.astype(np.float32).reshape(rows, -1)  # (rows, nb) f32
             self.scale = None

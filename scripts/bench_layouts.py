@@ -1,8 +1,8 @@
 """What one block of weights costs each layout of the fast engine's GEMV
 (docs/benchmarks.md#block-layouts-per-block-cost): ns per 32 weights and
-bytes per 32 weights, for the Q4_K and Q6_K matrices of the packaged
-Gemma 3 file held as affine records, as Q8_0 (the conversion), and Q4_K as
-the file stores it.
+bytes per 32 weights, for the Q4_K, Q6_K and Q5_0 matrices of the packaged
+Gemma 3 file held as affine records, as Q8_0 (the conversion), and Q4_K and
+Q5_0 as the file stores them.
 
     python scripts/bench_layouts.py [--isa avx512] [--repeat 7]
 
@@ -24,7 +24,7 @@ from gemma_cy.fast import ops
 from gemma_cy.formats.gguf_reader import parse_gguf
 from gemma_cy.formats.packaged import default_model_path
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
-from gemma_cy.quant.ggml import to_q8_0
+from gemma_cy.quant.ggml import Q5_0Tensor, is_exact_in_q8_0, to_q8_0
 from gemma_cy.quant.tensors import Q8_0Tensor
 
 DRAM_BYTES = 400e6
@@ -45,10 +45,13 @@ def layouts(gf, name: str, copies: int = 8) -> dict[str, object]:
     t = gf.tensors[name]
     raw = np.tile(gf.raw(name).reshape(t.shape[0], -1), (copies, 1))
     shape = (t.shape[0] * copies, t.shape[1])
+    rounded = "" if is_exact_in_q8_0(t.ggml_type) else " (rounded)"
     out = {f"{t.type_name} as affine records": AffineTensor.from_raw(raw, t.ggml_type, shape),
-           f"{t.type_name} as Q8_0 (rounded)": Q8_0Tensor(to_q8_0(raw, t.ggml_type, shape))}
+           f"{t.type_name} as Q8_0{rounded}": Q8_0Tensor(to_q8_0(raw, t.ggml_type, shape))}
     if t.type_name == "Q4_K":
         out["Q4_K as stored"] = Q4_KTensor.from_raw(raw, shape)
+    if t.type_name == "Q5_0":
+        out["Q5_0 as stored"] = Q5_0Tensor.from_raw(raw, shape)
     return out
 
 
@@ -66,7 +69,7 @@ def main() -> None:
     a = p.parse_args()
     m = ops.module_for(a.isa or ops.ISA)
     gf = parse_gguf(default_model_path())
-    names = {"Q4_K": "blk.0.attn_output.weight", "Q6_K": "blk.0.ffn_down.weight"}
+    names = {"Q4_K": "blk.0.attn_output.weight", "Q6_K": "blk.0.ffn_down.weight", "Q5_0": "blk.0.ffn_up.weight"}
     print(f"SIMD module: {m.__name__.rsplit('_', 1)[-1]}")
     print("| layout | bytes per 32 weights | ns per 32 weights, in cache | ns per 32 weights, from DRAM |")
     print("|---|---|---|---|")

@@ -22,8 +22,10 @@ from gemma_cy.model.config import ModelConfig
 from gemma_cy.model.weights import expected_shapes
 from gemma_cy.formats.gguf_reader import _F16_SCALE_OFFSETS
 from gemma_cy.quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, Q4_KTensor, to_affine
+from gemma_cy.quant.ggml import Q5_0Tensor, to_q8_0
 from gemma_cy.quant.types import GGML_TYPE_IDS, GGML_TYPES
 from gemma_cy.quant.tensors import Q8_0Tensor
+from gemma_cy_reference.layers import Q8Matrix
 from gemma_cy_reference.model import ReferenceEngine
 from helpers import (ISA, check_each_op_against_the_reference, gemma3_gguf_fields, greedy_both,
                      greedy_engines_agree, kernels)
@@ -168,13 +170,20 @@ def test_q4_k_as_stored_is_its_records_bit_for_bit(isa, rows, cols, positions):
     records = AffineTensor.from_raw(raw, GGML_TYPE_IDS["Q4_K"], (rows, cols))
     theirs = gguf.quants.dequantize(raw.reshape(-1), gguf.GGMLQuantizationType.Q4_K).reshape(rows, cols)
     np.testing.assert_array_equal(stored.dequantize().view(np.uint32), theirs.astype(np.float32).view(np.uint32))
-    x = rng.uniform(-1, 1, (positions, cols)).astype(np.float32)
+    assert_gemm_bits_equal(m, stored, records, rng.uniform(-1, 1, (positions, cols)).astype(np.float32), isa)
+
+
+def assert_gemm_bits_equal(m, stored, converted, x: np.ndarray, isa: str) -> np.ndarray:
+    """m.gemm of ``stored`` gives the bits of m.gemm of ``converted`` in both
+    activation modes, for every position of x and for its last one alone
+    (the decode path); returns the last one's q8 output."""
     for activations in ("f32", "q8"):
-        want = m.gemm(records, x, activations)
+        want = m.gemm(converted, x, activations)
         got = m.gemm(stored, x, activations)
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{isa} {activations}")
         one = m.gemm(stored, x[-1:], activations)  # the decode path
         np.testing.assert_array_equal(one[0].view(np.uint32), want[-1].view(np.uint32), err_msg=f"{isa} decode")
+    return one[0]
 
 
 def test_q4_k_tensor_refuses_bytes_that_do_not_hold_it():
@@ -183,6 +192,61 @@ def test_q4_k_tensor_refuses_bytes_that_do_not_hold_it():
         Q4_KTensor.from_raw(raw, (3, 256))
     with pytest.raises(ValueError, match="multiple of 256"):
         Q4_KTensor.from_raw(raw, (1, 288))
+
+
+def special_q5_0(rows: int, cols: int, rng) -> np.ndarray:
+    """Random Q5_0 blocks whose f16 d is drawn from the extremes as well
+    (zero, subnormal, the largest finite, negative), the first block holding
+    every level -16..15 in order (the rest random qh and qs bytes)."""
+    raw = rng.integers(0, 256, (rows * cols // 32, 22), dtype=np.uint8)
+    special = np.array([0.0, 2.0 ** -24, 3 * 2.0 ** -20, 6.1e-5, 65504.0, -1.5, 1e-3], np.float16)
+    d = rng.uniform(-0.05, 0.05, raw.shape[0]).astype(np.float16)
+    pick = rng.random(raw.shape[0]) < 0.3
+    d[pick] = rng.choice(special, int(pick.sum()))
+    raw[:, 0:2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    raw[0, 2:6] = np.array([0xFFFF0000], "<u4").view(np.uint8)  # values 16..31 have the high bit
+    raw[0, 6:22] = np.arange(16, dtype=np.uint8) * 17  # value j and 16 + j: nibble j
+    return raw.reshape(rows, -1)
+
+
+@ISA
+@pytest.mark.parametrize("rows, cols, positions", [(1, 32, 1), (3, 96, 9), (257, 640, 70), (5, 1024, 1)])
+def test_q5_0_as_stored_is_its_q8_0_blocks_bit_for_bit(isa, rows, cols, positions):
+    """A Q5_0 matrix read from its blocks (QLAYOUT_Q5_0: the decode GEMV
+    unpacks the levels in registers; the GEMM, the q8 mode and the row
+    lookup turn tiles of 256 rows into Q8_0 blocks) gives the bits its Q8_0
+    conversion gives, in both activation modes, past a tile of rows and a
+    pass of positions, and so does the reference's q8 matrix; its weights
+    are the gguf package's."""
+    import gguf
+
+    m = kernels(isa)
+    rng = np.random.default_rng(rows * 7 + cols)
+    raw = special_q5_0(rows, cols, rng)
+    stored = Q5_0Tensor.from_raw(raw, (rows, cols))
+    converted = Q8_0Tensor(to_q8_0(raw, GGML_TYPE_IDS["Q5_0"], (rows, cols)))
+    theirs = gguf.quants.dequantize(raw.reshape(-1), gguf.GGMLQuantizationType.Q5_0).reshape(rows, cols)
+    np.testing.assert_array_equal(stored.dequantize().view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+    assert np.array_equal(stored.qs[0, 0], np.arange(-16, 16))
+    x = rng.uniform(-1, 1, (positions, cols)).astype(np.float32)
+    decoded_q8 = assert_gemm_bits_equal(m, stored, converted, x, isa)
+    np.testing.assert_array_equal((Q8Matrix(stored) @ x[-1]).view(np.uint32), decoded_q8.view(np.uint32))
+    for r in sorted({0, rows // 2, rows - 1}):  # an embedding lookup
+        np.testing.assert_array_equal(m.matrix_row(stored, r).view(np.uint32), stored.row(r).view(np.uint32))
+
+
+def test_q5_0_tensor_refuses_what_does_not_hold_a_matrix():
+    raw = np.zeros(22 * 2, np.uint8)
+    with pytest.raises(ValueError, match="do not hold"):
+        Q5_0Tensor.from_raw(raw, (3, 32))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q5_0Tensor.from_raw(raw, (1, 48))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q5_0Tensor.from_raw(raw, (64,))
+    with pytest.raises(TypeError, match="uint8 blocks"):
+        Q5_0Tensor(np.zeros((2, 1, 34), np.uint8))
+    with pytest.raises(ValueError, match="Q5_0 blocks must be C-contiguous"):  # the kernels' boundary
+        kernels("generic").gemm(Q5_0Tensor(np.zeros((2, 2, 22), np.uint8)[:, ::2]), np.zeros((1, 32), np.float32))
 
 
 def test_q8_mode_refuses_f32_matrices():
@@ -251,8 +315,7 @@ def test_every_matrix_is_read_as_the_file_stores_it(every_type_gguf):
     theirs = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
     for name, kind in types.items():
         t = weights[name]
-        exact_in_q8_0 = kind in ("Q8_0", "Q4_0", "Q5_0")
-        held = Q8_0Tensor if exact_in_q8_0 else Q4_KTensor if kind == "Q4_K" else AffineTensor
+        held = {"Q8_0": Q8_0Tensor, "Q4_0": Q8_0Tensor, "Q5_0": Q5_0Tensor, "Q4_K": Q4_KTensor}.get(kind, AffineTensor)
         assert isinstance(t, held), (name, kind, type(t))
         ours = t.dequantize()
         want = np.asarray(theirs[gguf_tensor_name(name)], np.float32).reshape(ours.shape)

@@ -623,10 +623,9 @@ def real_model():
 
 
 def test_default_model_runs_every_weight_as_stored(real_model):
-    """The Q4_K matrices are Q4_KTensors (the file's blocks), the Q6_K ones
-    AffineTensors holding ggml's values, the Q5_0 ones Q8_0 blocks with the
-    same scales and levels: every matrix dequantizes to exactly what the
-    file's own dequantizer gives."""
+    """The Q4_K and Q5_0 matrices are Q4_KTensors and Q5_0Tensors (the file's
+    blocks), the Q6_K ones AffineTensors holding ggml's values: every matrix
+    dequantizes to exactly what the file's own dequantizer gives."""
     from gemma_cy.quant.ggml import dequantize
 
     weights, gf = read_gguf(real_model), parse_gguf(real_model)
@@ -637,10 +636,13 @@ def test_default_model_runs_every_weight_as_stored(real_model):
             continue
         ours = weights[name]
         kinds.setdefault(t.type_name, set()).add(type(ours).__name__)
+        if t.type_name == "Q5_0":  # the file's blocks: a read-only view of the map, no copy
+            assert not ours.blocks.flags.writeable
+            assert np.may_share_memory(ours.blocks, np.frombuffer(weights.keepalive[0], np.uint8)), g
         if name.startswith("layers.0.") or name.startswith("layers.17."):
             want = dequantize(gf.raw(g), t.ggml_type, t.shape)
             np.testing.assert_array_equal(ours.dequantize().view(np.uint32), want.view(np.uint32), err_msg=g)
-    assert kinds == {"Q5_0": {"Q8_0Tensor"}, "Q8_0": {"Q8_0Tensor"}, "Q4_K": {"Q4_KTensor"},
+    assert kinds == {"Q5_0": {"Q5_0Tensor"}, "Q8_0": {"Q8_0Tensor"}, "Q4_K": {"Q4_KTensor"},
                      "Q6_K": {"AffineTensor"}}
 
 

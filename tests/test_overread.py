@@ -87,7 +87,19 @@ KERNELS = textwrap.dedent('''
                 for positions in (1, 2):
                     m.gemm(t, g(f32(positions, 256 * nb)))
                     m.gemm(t, g(f32(positions, 256 * nb)), activations="q8")
-                calls += 4
+                m.matrix_row(t, rows - 1)
+                calls += 5
+        from gemma_cy.quant.ggml import Q5_0Tensor
+        for nb in range(1, 12):  # Q5_0 blocks of 22 bytes (the GEMV, the GEMM, the q8 mode, a row)
+            for rows in (1, 3):
+                raw = rng.integers(0, 256, (rows, nb, 22), dtype=np.uint8)
+                raw[..., 0:2] = np.array([0.01], np.float16).view(np.uint8)
+                t = Q5_0Tensor(g(raw))
+                for positions in (1, 2):
+                    m.gemm(t, g(f32(positions, 32 * nb)))
+                    m.gemm(t, g(f32(positions, 32 * nb)), activations="q8")
+                m.matrix_row(t, rows - 1)
+                calls += 5
     print("ok", calls)
 ''')
 

@@ -46,6 +46,7 @@ from gemma_cy.fast.arena import pack_matrices
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
+from gemma_cy.quant.ggml import Q5_0Tensor
 
 
 # The layer ops the trace records, in gemma_cy.observe.LAYER_OPS order; the
@@ -124,7 +125,7 @@ cdef Py_ssize_t _matrix_bytes(object tensor):
     """Bytes of a weight matrix's values as stored (0 for a vector)."""
     if len(tensor.shape) != 2:
         return 0
-    if isinstance(tensor, Q8_0Tensor):
+    if isinstance(tensor, (Q8_0Tensor, Q5_0Tensor)):
         return tensor.blocks.nbytes
     if isinstance(tensor, AffineTensor):
         return tensor.records.nbytes
@@ -135,32 +136,47 @@ cdef Py_ssize_t _matrix_bytes(object tensor):
     return tensor.q.nbytes
 
 
-cdef uint8_t* _q4_k_scratch(object tensors, Py_ssize_t n_tokens, list keep) except? NULL:
-    """One scratch for every Q4_KTensor among ``tensors`` (k_q4_k_scratch_bytes
-    of the widest, 64-byte aligned; kept alive by ``keep``), or NULL when
-    there is none."""
+cdef QLayout _converted_layout(object tensor):
+    """QLAYOUT_Q4_K or QLAYOUT_Q5_0 for the tensors whose matrices the
+    kernels convert a tile at a time (k_convert_scratch_bytes), else
+    QLAYOUT_I8_TENSOR (which needs no scratch)."""
+    if isinstance(tensor, Q4_KTensor):
+        return QLAYOUT_Q4_K
+    if isinstance(tensor, Q5_0Tensor):
+        return QLAYOUT_Q5_0
+    return QLAYOUT_I8_TENSOR
+
+
+cdef object _convert_scratch(object tensors, Py_ssize_t n_tokens):
+    """One scratch (uint8, 64-byte aligned) for every Q4_KTensor and
+    Q5_0Tensor among ``tensors`` run on up to n_tokens positions at once
+    (k_convert_scratch_bytes of the widest), or None when there is none."""
     cdef Py_ssize_t size = 0
-    cdef uint8_t[::1] view
+    cdef QLayout layout
     for t in tensors:
-        if isinstance(t, Q4_KTensor):
-            size = max(size, k_q4_k_scratch_bytes(t.shape[1], n_tokens))
+        layout = _converted_layout(t)
+        if layout != QLAYOUT_I8_TENSOR:
+            size = max(size, k_convert_scratch_bytes(layout, t.shape[1], n_tokens))
     if size == 0:
-        return NULL
+        return None
     buf = np.empty(size + 64, np.uint8)  # (written before it is read)
-    keep.append(buf)
-    view = buf
-    return &view[0] + (-(<size_t> &view[0])) % 64
+    start = (-buf.ctypes.data) % 64
+    return buf[start:start + size]
 
 
-cdef QMatrix _qmatrix(object tensor, list keep, bint resident, uint8_t* scratch=NULL) except *:
-    """The kernels' view of a weight matrix (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor, 2-D
-    F32Tensor): a pointer into its (read-only, usually mapped) values, no
-    copy; ``keep`` keeps the array alive. ``resident``: the model stays in
-    cache. A Q4_KTensor needs ``scratch`` (_q4_k_scratch)."""
+cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=None,
+                      Py_ssize_t n_tokens=0) except *:
+    """The kernels' view of a weight matrix (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor,
+    Q5_0Tensor, 2-D F32Tensor): a pointer into its (read-only, usually
+    mapped) values, no copy; ``keep`` keeps the array alive. ``resident``:
+    the model stays in cache. A Q4_KTensor or Q5_0Tensor needs ``scratch``
+    (_convert_scratch) for k_gemm calls of up to n_tokens positions."""
     cdef const int8_t[:, ::1] view
     cdef const uint8_t[:, :, ::1] blocks
     cdef const float[:, ::1] w32
     cdef const float[:, :, ::1] ab
+    cdef uint8_t[::1] scratch_view
+    cdef Py_ssize_t need
     cdef QMatrix m
     m.q = NULL
     m.blocks = NULL
@@ -208,18 +224,38 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, uint8_t* scratch=
     elif isinstance(tensor, Q4_KTensor):
         blocks = _array(tensor.blocks, "Q4_K blocks", np.uint8, (3,))
         ab = _array(tensor.ab, "Q4_K scales", np.float32, (3,))
+        if blocks.shape[2] != Q4_K_BYTES or ab.shape[0] != blocks.shape[0] or ab.shape[1] != 8 * blocks.shape[1] \
+                or ab.shape[2] != 2:
+            raise ValueError(f"Q4_K blocks of shape {tensor.blocks.shape} with scales of shape {tensor.ab.shape}: "
+                             f"expected (rows, n, {Q4_K_BYTES}) and (rows, 8 n, 2)")
         keep.extend((tensor.blocks, tensor.ab))
-        if scratch == NULL:
-            raise ValueError("a Q4_KTensor needs the scratch of _q4_k_scratch")
         m.blocks = &blocks[0, 0, 0]
         m.ab = &ab[0, 0, 0]
-        m.rows, m.cols = tensor.shape
+        m.rows = blocks.shape[0]
+        m.cols = blocks.shape[1] * Q4_K_BLOCK
         m.sub = 32
         m.has_offset = True
-        m.scratch = scratch
         m.layout = QLAYOUT_Q4_K
+    elif isinstance(tensor, Q5_0Tensor):
+        blocks = _array(tensor.blocks, "Q5_0 blocks", np.uint8, (3,))
+        if blocks.shape[2] != Q5_0_BYTES:
+            raise ValueError(f"Q5_0 blocks of shape {tensor.blocks.shape}: expected (rows, n, {Q5_0_BYTES})")
+        keep.append(tensor.blocks)
+        m.blocks = &blocks[0, 0, 0]
+        m.rows = blocks.shape[0]
+        m.cols = blocks.shape[1] * Q8_0_BLOCK
+        m.layout = QLAYOUT_Q5_0
     else:
         raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
+    if m.layout == QLAYOUT_Q4_K or m.layout == QLAYOUT_Q5_0:  # the kernels write up to need bytes there
+        need = k_convert_scratch_bytes(m.layout, m.cols, n_tokens)
+        if scratch is None or _array(scratch, "scratch", np.uint8, (1,)).nbytes < need \
+                or scratch.ctypes.data % 64 or not scratch.flags.writeable:
+            raise ValueError(f"a {type(tensor).__name__} of {m.cols} columns needs a writable scratch of "
+                             f"{need} bytes, 64-byte aligned, for {n_tokens} positions (_convert_scratch)")
+        keep.append(scratch)
+        scratch_view = scratch
+        m.scratch = &scratch_view[0]
     return m
 
 
@@ -385,12 +421,12 @@ cdef class FastModel:
                                                         for name in LAYER_MATRICES] + [head])
         keep.append(arena)
         matrix = lambda name: packed[name] if name in packed else weights[name]
-        cdef uint8_t* scratch = _q4_k_scratch(weights.tensors.values(), BLOCK, keep)
-        self.embed_tokens = _qmatrix(matrix("embed_tokens"), keep, resident, scratch)
+        scratch = _convert_scratch(weights.tensors.values(), BLOCK)
+        self.embed_tokens = _qmatrix(matrix("embed_tokens"), keep, resident, scratch, BLOCK)
         if c.position_table:
-            self.embed_positions = _qmatrix(weights["embed_positions"], keep, resident, scratch)
+            self.embed_positions = _qmatrix(weights["embed_positions"], keep, resident, scratch, BLOCK)
         self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(matrix("lm_head"), keep, resident,
-                                                                            scratch)
+                                                                            scratch, BLOCK)
         self.final_gain = _gain(weights["final_norm"], keep)
         self.layers = <LayerWeights*> PyMem_Malloc(c.n_layers * sizeof(LayerWeights))
         if self.layers == NULL:
@@ -399,13 +435,13 @@ cdef class FastModel:
         for layer in range(c.n_layers):
             w = &self.layers[layer]
             p = f"layers.{layer}."
-            w.q_proj = _qmatrix(matrix(p + "q_proj"), keep, resident, scratch)
-            w.k_proj = _qmatrix(matrix(p + "k_proj"), keep, resident, scratch)
-            w.v_proj = _qmatrix(matrix(p + "v_proj"), keep, resident, scratch)
-            w.o_proj = _qmatrix(matrix(p + "o_proj"), keep, resident, scratch)
-            w.gate_proj = _qmatrix(matrix(p + "gate_proj"), keep, resident, scratch)
-            w.up_proj = _qmatrix(matrix(p + "up_proj"), keep, resident, scratch)
-            w.down_proj = _qmatrix(matrix(p + "down_proj"), keep, resident, scratch)
+            w.q_proj = _qmatrix(matrix(p + "q_proj"), keep, resident, scratch, BLOCK)
+            w.k_proj = _qmatrix(matrix(p + "k_proj"), keep, resident, scratch, BLOCK)
+            w.v_proj = _qmatrix(matrix(p + "v_proj"), keep, resident, scratch, BLOCK)
+            w.o_proj = _qmatrix(matrix(p + "o_proj"), keep, resident, scratch, BLOCK)
+            w.gate_proj = _qmatrix(matrix(p + "gate_proj"), keep, resident, scratch, BLOCK)
+            w.up_proj = _qmatrix(matrix(p + "up_proj"), keep, resident, scratch, BLOCK)
+            w.down_proj = _qmatrix(matrix(p + "down_proj"), keep, resident, scratch, BLOCK)
             w.attn_norm = _gain(weights[p + "attn_norm"], keep)
             w.ffn_norm = _gain(weights[p + "ffn_norm"], keep)
             w.q_norm = _gain(weights[p + "q_norm"] if c.qk_norm else None, keep)
@@ -900,12 +936,13 @@ cdef class FastModel:
 
 def gemm(tensor, x, str activations="f32", bint resident=False):
     """out (T, rows) = x (T, cols) . w^T for a weight matrix ``tensor``
-    (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor or a 2-D F32Tensor) the way the forward pass computes a block of
+    (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor, Q5_0Tensor or a 2-D F32Tensor) the way the forward pass
+    computes a block of
     T positions (k_gemm, or k_quantize_q8 + k_gemm_q8 when activations is
     "q8"); ``resident`` picks the in-cache variant. For tests and tools."""
     keep = []
     _array(x, "x", np.float32, (2,))
-    cdef QMatrix m = _qmatrix(tensor, keep, resident, _q4_k_scratch([tensor], x.shape[0], keep))
+    cdef QMatrix m = _qmatrix(tensor, keep, resident, _convert_scratch([tensor], x.shape[0]), x.shape[0])
     if x.shape[1] != m.cols:
         raise ValueError(f"gemm: x has {x.shape[1]} columns, the matrix {m.cols}")
     if activations not in ACTIVATION_MODES:
@@ -936,4 +973,19 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
             k_gemm_q8(&ov[0, 0], &m, &xqv[0], &xdv[0], T)
         else:
             k_gemm(&ov[0, 0], &m, &xv[0, 0], T, &sv[0])
+    return out
+
+
+def matrix_row(tensor, Py_ssize_t row):
+    """Row ``row`` of a weight matrix ``tensor`` (as for gemm) as f32, the way
+    the forward pass looks up an embedding (k_matrix_row). For tests and tools."""
+    keep = []
+    cdef QMatrix m = _qmatrix(tensor, keep, False, _convert_scratch([tensor], 1), 1)
+    if not 0 <= row < m.rows:
+        raise IndexError(f"matrix_row: row {row} outside [0, {m.rows})")
+    out = np.empty(m.cols, np.float32)
+    cdef float[::1] ov = out
+    if m.cols:
+        with nogil:
+            k_matrix_row(&ov[0], &m, row)
     return out

@@ -30,6 +30,7 @@ Python API (all arrays C-contiguous; read-only inputs are fine):
     gemv_q8_0(blocks, x, out=None) -> out     blocks uint8 (rows, n_blocks, 34)
     quantize_q8(x) -> (q, d)                  x (32 n,) -> int8 (32 n,), f32 (n,): the q8 mode's rule
     gemm(tensor, x, activations="f32") -> out x (T, cols) -> (T, rows), as a block of the forward pass
+    matrix_row(tensor, row) -> out            (cols,): one row, as an embedding lookup
     dequantize_q8_0(blocks, out=None) -> out  (32 * n_blocks,)
 Wrong dtypes raise TypeError; wrong shapes, non-contiguous arrays and bad
 ``out`` arrays raise ValueError. Cython callers use the ``k_*`` C functions

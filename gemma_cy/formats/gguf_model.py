@@ -17,7 +17,7 @@ from ..model.config import ModelConfig
 from ..model.weights import Weights, expected_shapes
 from ..quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, Q4_KTensor
 from ..quant.types import GGML_TYPE_IDS
-from ..quant.ggml import BF16, F16, dequantize, is_exact_in_q8_0, to_q8_0
+from ..quant.ggml import BF16, F16, Q5_0, Q5_0Tensor, dequantize, is_exact_in_q8_0, to_q8_0
 from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from .mapped import release_pages
 from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, StringArray, close_quietly, parse_gguf, type_name)
@@ -312,12 +312,13 @@ def _read_model(path, tensor: Callable[[GGUFFile, str], object], keep_map: bool)
     return weights
 
 
-def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | AffineTensor | Q4_KTensor:
+def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | Q5_0Tensor | AffineTensor | Q4_KTensor:
     """Tensor ``g`` as the engines run it, every weight the file's value
     (docs/numerics.md#weights-as-stored): an F32 vector or a Q8_0 matrix as a
     zero-copy, read-only view of the map (an F32 matrix too; an F16 or BF16
-    one widened to f32 at load, exactly); a Q4_0 or Q5_0 matrix as Q8_0
-    blocks (the same f16 scale and integer levels, laid out once at load);
+    one widened to f32 at load, exactly); a Q5_0 matrix as a Q5_0Tensor (a
+    view of the map too); a Q4_0 matrix as Q8_0 blocks (the same f16 scale
+    and integer levels, laid out once at load);
     a Q4_K matrix as a Q4_KTensor (its blocks a view of the map, each
     sub-block's scale and offset worked out once); a matrix of another
     integer block type as an AffineTensor (levels, scale and offset per
@@ -335,6 +336,8 @@ def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | AffineTenso
         if len(t.dims) == 2 and t.ggml_type in (F16, BF16):  # widened to f32: every value exact
             return _laid_out(gf, t, F32Tensor(np.ascontiguousarray(dequantize(gf.raw(g), t.ggml_type, t.shape),
                                                                    np.float32)))
+        if len(t.dims) == 2 and t.ggml_type == Q5_0:
+            return Q5_0Tensor.from_raw(gf.raw(g), t.shape)
         if len(t.dims) == 2 and is_exact_in_q8_0(t.ggml_type):
             return _laid_out(gf, t, Q8_0Tensor(to_q8_0(gf.raw(g), t.ggml_type, t.shape)))
         if len(t.dims) == 2 and t.ggml_type == GGML_TYPE_IDS["Q4_K"]:

@@ -10,19 +10,25 @@ a file). Re-quantizing to Q8_0 (docs/numerics.md#weights-as-stored): a Q4_0,
 Q5_0 or Q8_0 block already is 32 symmetric integer levels times one f16
 scale, so it maps to Q8_0 exactly (same d, the levels as int8, no rounding);
 every other type is dequantized and quantized again (``quantize_q8_0``).
+
+``Q5_0Tensor`` holds a Q5_0 matrix as the file stores it, for the fast
+engine's QLAYOUT_Q5_0: its weights, levels and scales are its Q8_0
+conversion's, in 22 bytes per 32 weights instead of 34.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from .affine import AFFINE_TYPES, DECOMPOSERS, to_affine
-from .tensors import Q8_0_BLOCK, Q8_0_BYTES, quantize_q8_0
+from .tensors import Q8_0_BLOCK, Q8_0_BYTES, Q8_0Tensor, quantize_q8_0
 from .types import GGML_TYPE_IDS, GGML_TYPES
 
 F32, F16, BF16 = GGML_TYPE_IDS["F32"], GGML_TYPE_IDS["F16"], GGML_TYPE_IDS["BF16"]
-Q8_0 = GGML_TYPE_IDS["Q8_0"]
+Q8_0, Q5_0 = GGML_TYPE_IDS["Q8_0"], GGML_TYPE_IDS["Q5_0"]
+Q5_0_BYTES = 22  # bytes per Q5_0 block of 32: f16 d, qh[4], qs[16]
 
 
 def _dequant_f32(b: np.ndarray) -> np.ndarray:
@@ -96,3 +102,63 @@ def to_q8_0(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarr
         out[:, 2:] = to_affine(raw, ggml_type, tuple(shape)).q.reshape(-1, Q8_0_BLOCK).view(np.uint8)
         return out.reshape(out_shape)
     return quantize_q8_0(dequantize(raw, ggml_type, shape))
+
+
+@dataclass(frozen=True)
+class Q5_0Tensor:
+    """A Q5_0 weight matrix (rows, cols) held as the file stores it, for the
+    fast engine's QLAYOUT_Q5_0 (gemma_cy/fast/kernels/common.pxi): ``blocks``
+    uint8 (rows, cols // 32, 22), usually a read-only zero-copy view of the
+    map. Block: f16 d, then qh (4 bytes, a little-endian u32 whose bit j is
+    the high bit of value j), then qs (16 bytes: values 0-15 in the low
+    nibbles, 16-31 in the high ones); weight j = f32(d) * (q_j - 16) with
+    q_j = nibble | high bit << 4. It holds exactly the Q8_0 blocks of
+    ``q8_0()`` (the same d, the levels q_j - 16 as int8), in 22 bytes per 32
+    weights against their 34."""
+
+    blocks: np.ndarray
+
+    def __post_init__(self) -> None:
+        b = self.blocks
+        if not isinstance(b, np.ndarray) or b.dtype != np.uint8 or b.ndim != 3 or b.shape[-1] != Q5_0_BYTES:
+            raise TypeError(f"Q5_0Tensor needs uint8 blocks (rows, n_blocks, {Q5_0_BYTES})")
+
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, shape: tuple[int, int]) -> Q5_0Tensor:
+        """The Q5_0 matrix of ``shape`` stored as ``raw`` (a view of the
+        blocks, no copy). ValueError when ``shape`` is not a matrix of whole
+        blocks or the bytes do not hold it."""
+        if len(shape) != 2 or shape[1] % Q8_0_BLOCK:
+            raise ValueError(f"Q5_0 needs a matrix with rows of a multiple of {Q8_0_BLOCK} values, "
+                             f"got shape {tuple(shape)}")
+        rows, cols = shape
+        blocks = _as_blocks(np.asarray(raw, dtype=np.uint8).reshape(-1), Q5_0, rows * cols)
+        return cls(blocks.reshape(rows, cols // Q8_0_BLOCK, Q5_0_BYTES))
+
+    source = "Q5_0"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.blocks.shape[0], self.blocks.shape[1] * Q8_0_BLOCK)
+
+    @property
+    def d(self) -> np.ndarray:
+        """Block scales, f16 (rows, n_blocks) (a strided view), as Q8_0Tensor.d."""
+        return self.blocks[..., :2].view("<f2")[..., 0]
+
+    @property
+    def qs(self) -> np.ndarray:
+        """The levels q - 16, int8 (rows, n_blocks, 32), as Q8_0Tensor.qs."""
+        return to_affine(self.blocks, Q5_0, self.shape).q.reshape(self.blocks.shape[:2] + (Q8_0_BLOCK,))
+
+    def q8_0(self) -> Q8_0Tensor:
+        """The same weights as Q8_0 blocks (what every other path reads)."""
+        return Q8_0Tensor(to_q8_0(self.blocks, Q5_0, self.shape))
+
+    def dequantize(self) -> np.ndarray:
+        """All weights as f32: ggml's dequantized values, bit for bit."""
+        return self.q8_0().dequantize()
+
+    def row(self, index: int) -> np.ndarray:
+        """One row as f32 (an embedding lookup)."""
+        return Q5_0Tensor(self.blocks[index:index + 1]).dequantize()[0]

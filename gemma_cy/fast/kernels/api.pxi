@@ -18,6 +18,7 @@ cdef enum QLayout:
     QLAYOUT_AFFINE = 2  # int8 levels, an f32 scale and offset per sub-block: any other GGUF integer type, exactly
     QLAYOUT_F32 = 3  # f32 values (GGUF F32, and F16 / BF16 widened exactly at load)
     QLAYOUT_Q4_K = 4  # ggml's Q4_K super-blocks as the file stores them, with their sub-blocks' a, b as f32
+    QLAYOUT_Q5_0 = 5  # ggml's Q5_0 blocks as the file stores them: a Q8_0 block's d and levels in 22 bytes
 
 # Q4_K: each run of 256 values of a row is one super-block of 144 bytes (f16
 # d, f16 dmin, 12 bytes of 6-bit scales and mins, then 128 bytes qs):
@@ -26,7 +27,20 @@ cdef enum:
     Q4_K_BLOCK = 256  # values per super-block
     Q4_K_BYTES = 144  # bytes per super-block
     Q4_K_RECORD_BYTES = 320  # one super-block as affine records: 8 x (32 levels, a, b)
-    Q4_K_ROW_TILE = 256  # rows turned into records at a time (k_gemm, k_gemm_q8)
+
+# Q5_0: each run of 32 values of a row is one block of 22 bytes: the f16
+# scale d (little-endian), qh (a little-endian u32: bit j is the high bit of
+# value j), then qs[16] (value j < 16 the low nibble of qs[j], value 16 + j
+# its high nibble). Level j = (nibble | high bit << 4) - 16, in [-16, 15];
+# dequantized value = f32(d) * level: a Q8_0 block's d and int8 levels.
+cdef enum:
+    Q5_0_BYTES = 22  # bytes per block of 32
+
+# QLAYOUT_Q4_K and QLAYOUT_Q5_0 rows are turned, this many at a time, into
+# the layout whose kernels they borrow (affine records, Q8_0 blocks) by
+# k_gemm, k_gemm_q8 and k_matrix_row.
+cdef enum:
+    CONVERT_ROW_TILE = 256
 
 # Q8_0: each run of 32 values of a row is one block of 34 bytes, the f16 scale
 # d (little-endian) then the 32 int8 q; a row is cols / 32 blocks back to back,
@@ -44,15 +58,17 @@ cdef struct QMatrix:
     const float* w32  # QLAYOUT_F32: (rows, cols) row-major, rows back to back
     const uint8_t* blocks  # QLAYOUT_Q8_0: (rows, cols / 32, 34) bytes, any start address;
                            # QLAYOUT_AFFINE: (rows, cols / sub, sub + 4 [+ 4]) records, 4-byte aligned;
-                           # QLAYOUT_Q4_K: (rows, cols / 256, 144) super-blocks, any address
+                           # QLAYOUT_Q4_K: (rows, cols / 256, 144) super-blocks, any address;
+                           # QLAYOUT_Q5_0: (rows, cols / 32, 22) blocks, any address
     float scale  # QLAYOUT_I8_TENSOR: the one scale of the tensor
     Py_ssize_t rows
-    Py_ssize_t cols  # QLAYOUT_Q8_0, QLAYOUT_AFFINE: a multiple of 32
+    Py_ssize_t cols  # QLAYOUT_Q8_0, QLAYOUT_AFFINE, QLAYOUT_Q5_0: a multiple of 32 (QLAYOUT_Q4_K: of 256)
     Py_ssize_t sub  # QLAYOUT_AFFINE: values per sub-block (16 or 32); QLAYOUT_Q4_K: 32
     bint has_offset  # QLAYOUT_AFFINE: records carry an offset b after the scale a; QLAYOUT_Q4_K: true
     const float* ab  # QLAYOUT_Q4_K: (rows, cols / 32, 2) each sub-block's a and b (f32, exact)
-    uint8_t* scratch  # QLAYOUT_Q4_K: k_q4_k_scratch_bytes(cols, n_tokens) bytes, 64-byte aligned, that
-                      # k_gemm, k_gemm_q8 and k_matrix_row may overwrite (the owner's; one per thread)
+    uint8_t* scratch  # QLAYOUT_Q4_K, QLAYOUT_Q5_0: k_convert_scratch_bytes(layout, cols, n_tokens) bytes,
+                      # 64-byte aligned, that k_gemm, k_gemm_q8 and k_matrix_row may overwrite (the
+                      # owner's; one per thread)
     QLayout layout
     bint resident  # expected in cache (the whole model fits the last-level cache): see k_gemv_i8_resident
 
@@ -117,8 +133,19 @@ cdef void k_q4_k_records(uint8_t* rec, const uint8_t* block, const float* ab) no
 # super-blocks: what a decode step runs.
 cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil
 
-# The scratch a QLAYOUT_Q4_K matrix of cols columns needs for n_tokens positions.
-cdef Py_ssize_t k_q4_k_scratch_bytes(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil
+# Q5_0 rows (QLAYOUT_Q5_0; gemma_cy.quant.ggml.Q5_0Tensor): the file's blocks,
+# 22 bytes per 32 weights against Q8_0's 34. k_q5_0_to_q8_0 writes n_blocks
+# blocks (blocks, 22 bytes each) as the Q8_0 blocks of
+# gemma_cy.quant.ggml.to_q8_0 (out, 34 bytes each): the same d, the levels.
+cdef void k_q5_0_to_q8_0(uint8_t* out, const uint8_t* blocks, Py_ssize_t n_blocks) noexcept nogil
+
+# k_dot_q8_0 of the row's Q8_0 blocks, bit for bit, straight from its n_blocks
+# Q5_0 blocks (the levels unpacked in registers): what a decode step runs.
+cdef float k_dot_q5_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil
+
+# The scratch a matrix of ``layout`` with cols columns needs for n_tokens
+# positions (0 for a layout that needs none).
+cdef Py_ssize_t k_convert_scratch_bytes(QLayout layout, Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil
 
 # out (w.rows,) = dequantized w . x (cols,), whatever w's layout; out must
 # not overlap x.

@@ -237,13 +237,16 @@ cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize
         out[r] = k_dot_affine(rec + r * row_bytes, x, cols, sub, has_offset)
 
 
-# --- Q4_K matrices (QLAYOUT_Q4_K): rows read as the file stores them. Every
-# path but the decode GEMV turns super-blocks into the affine records above
-# (the bytes of gemma_cy.quant.affine.AffineLevels.records) and runs the
-# affine kernels on them, Q4_K_ROW_TILE rows at a time in the matrix's
-# scratch; the GEMV (k_dot_q4_k, in each dot_<isa>.pxi) unpacks the nibbles
-# in registers in k_dot_affine's order. So a Q4_K matrix gives bit for bit
-# what its records would, on every path.
+# --- Q4_K and Q5_0 matrices (QLAYOUT_Q4_K, QLAYOUT_Q5_0): rows read as the
+# file stores them. Every path but the decode GEMV turns them into a layout
+# whose kernels it borrows, CONVERT_ROW_TILE rows at a time in the matrix's
+# scratch: Q4_K super-blocks into the affine records above (the bytes of
+# gemma_cy.quant.affine.AffineLevels.records), Q5_0 blocks into Q8_0 blocks
+# (the bytes of gemma_cy.quant.ggml.to_q8_0). The GEMVs (k_dot_q4_k,
+# k_dot_q5_0, in each dot_<isa>.pxi) unpack the levels in registers in the
+# order of the kernel they stand in for (k_dot_affine, k_dot_q8_0). So such
+# a matrix gives bit for bit what its records or Q8_0 blocks would, on
+# every path.
 
 cdef void k_q4_k_records(uint8_t* rec, const uint8_t* block, const float* ab) noexcept nogil:
     cdef const uint8_t* qs
@@ -259,39 +262,114 @@ cdef void k_q4_k_records(uint8_t* rec, const uint8_t* block, const float* ab) no
         memcpy(rec + 40 * j + 32, ab + 2 * j, 8)
 
 
-cdef Py_ssize_t k_q4_k_scratch_bytes(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
-    # a tile of rows as records, then its (n_tokens, tile) outputs
-    cdef Py_ssize_t records = Q4_K_ROW_TILE * (cols // Q4_K_BLOCK) * Q4_K_RECORD_BYTES
-    return (records + 63) // 64 * 64 + Q4_K_ROW_TILE * max(n_tokens, 1) * <Py_ssize_t> sizeof(float)
+# Byte i of _Q5_0_CLEAR[b] is 0xF0 when bit i of b is clear, else 0: or'ed
+# into a nibble n, it gives the Q5_0 level as int8 (n | 0xF0 is n - 16; a set
+# high bit makes the level n + 16 - 16 = n).
+cdef uint64_t _Q5_0_CLEAR[256]
 
 
-cdef inline QMatrix _records_of_rows(const QMatrix* w, Py_ssize_t row, Py_ssize_t n_rows) noexcept nogil:
-    """Rows row .. row + n_rows - 1 of a Q4_K matrix as an affine matrix in its
-    scratch (records written now)."""
+cdef void _fill_q5_0_clear() noexcept:
+    cdef Py_ssize_t b, i
+    for b in range(256):
+        _Q5_0_CLEAR[b] = 0
+        for i in range(8):
+            if not (b >> i) & 1:
+                _Q5_0_CLEAR[b] |= (<uint64_t> 0xF0) << (8 * i)
+
+
+_fill_q5_0_clear()
+
+
+cdef inline uint64_t _q5_0_word(const uint8_t* block, Py_ssize_t i) noexcept nogil:
+    """Levels 8 i .. 8 i + 7 of one Q5_0 block (see api.pxi) as int8 in a
+    little-endian 64-bit word (x86-64 and arm64 are little-endian): the
+    nibbles of 8 qs bytes or'ed with _Q5_0_CLEAR of the qh byte of the same
+    8 values."""
+    cdef uint64_t qs
+    memcpy(&qs, block + 6 + 8 * (i & 1), 8)
+    return ((qs >> (4 * (i >> 1))) & <uint64_t> 0x0F0F0F0F0F0F0F0F) | _Q5_0_CLEAR[block[2 + i]]
+
+
+cdef inline void _q5_0_levels(int8_t* q, const uint8_t* block) noexcept nogil:
+    """q[0:32] = the levels of one Q5_0 block, as int8."""
+    cdef uint64_t w
+    cdef Py_ssize_t i
+    for i in range(4):  # one word at a time: a 32-byte copy of four words just stored
+        w = _q5_0_word(block, i)  # waits for them (no store forwarding): ~4x the conversion's time
+        memcpy(q + 8 * i, &w, 8)
+
+
+cdef inline const int8_t* _block_levels(int8_t* buf, const uint8_t* block, bint q5_0) noexcept nogil:
+    """The 32 int8 levels of a Q8_0 block (a pointer into it), or of a Q5_0
+    block (unpacked into buf): the portable dot products' one source of
+    levels for both layouts."""
+    if q5_0:
+        _q5_0_levels(buf, block)
+        return buf
+    return <const int8_t*> (block + 2)
+
+
+cdef void k_q5_0_to_q8_0(uint8_t* out, const uint8_t* blocks, Py_ssize_t n_blocks) noexcept nogil:
+    cdef Py_ssize_t k
+    for k in range(n_blocks):
+        memcpy(out, blocks, 2)  # the same f16 d
+        _q5_0_levels(<int8_t*> (out + 2), blocks)
+        out += Q8_0_BYTES
+        blocks += Q5_0_BYTES
+
+
+cdef inline Py_ssize_t _converted_row_bytes(QLayout layout, Py_ssize_t cols) noexcept nogil:
+    """Bytes of one row of a QLAYOUT_Q4_K matrix as records, or of a
+    QLAYOUT_Q5_0 one as Q8_0 blocks; 0 for another layout."""
+    if layout == QLAYOUT_Q4_K:
+        return cols // Q4_K_BLOCK * Q4_K_RECORD_BYTES
+    if layout == QLAYOUT_Q5_0:
+        return cols // Q8_0_BLOCK * Q8_0_BYTES
+    return 0
+
+
+cdef Py_ssize_t k_convert_scratch_bytes(QLayout layout, Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
+    # a tile of rows converted, then its (n_tokens, tile) outputs
+    cdef Py_ssize_t tile = CONVERT_ROW_TILE * _converted_row_bytes(layout, cols)
+    if tile == 0:
+        return 0
+    return (tile + 63) // 64 * 64 + CONVERT_ROW_TILE * max(n_tokens, 1) * <Py_ssize_t> sizeof(float)
+
+
+cdef inline QMatrix _converted_rows(const QMatrix* w, Py_ssize_t row, Py_ssize_t n_rows) noexcept nogil:
+    """Rows row .. row + n_rows - 1 of a Q4_K matrix as an affine matrix, or
+    of a Q5_0 one as a Q8_0 matrix, in its scratch (written now)."""
     cdef QMatrix m = w[0]
-    cdef Py_ssize_t nb = w.cols // Q4_K_BLOCK, r, k
-    for r in range(n_rows):
-        for k in range(nb):
-            k_q4_k_records(w.scratch + (r * nb + k) * Q4_K_RECORD_BYTES,
-                           w.blocks + ((row + r) * nb + k) * Q4_K_BYTES, w.ab + ((row + r) * nb + k) * 16)
-    m.layout = QLAYOUT_AFFINE
+    cdef Py_ssize_t nb, r, k
+    if w.layout == QLAYOUT_Q4_K:
+        nb = w.cols // Q4_K_BLOCK
+        for r in range(n_rows):
+            for k in range(nb):
+                k_q4_k_records(w.scratch + (r * nb + k) * Q4_K_RECORD_BYTES,
+                               w.blocks + ((row + r) * nb + k) * Q4_K_BYTES, w.ab + ((row + r) * nb + k) * 16)
+        m.layout = QLAYOUT_AFFINE
+    else:
+        nb = w.cols // Q8_0_BLOCK
+        k_q5_0_to_q8_0(w.scratch, w.blocks + row * nb * Q5_0_BYTES, n_rows * nb)
+        m.layout = QLAYOUT_Q8_0
     m.blocks = w.scratch
     m.rows = n_rows
     m.resident = True  # just written: in cache
     return m
 
 
-cdef void _gemm_q4_k(float* out, const QMatrix* w, const float* x, const int8_t* xq, const float* xd,
-                     Py_ssize_t n_tokens, float* scratch) noexcept nogil:
-    """k_gemm (xq NULL) or k_gemm_q8 of a Q4_K matrix: Q4_K_ROW_TILE rows at a
-    time as records, through the affine path, their outputs copied into
-    place (each row's result is its own: the same bits however rows are tiled)."""
-    cdef Py_ssize_t r0 = 0, n, t, records = Q4_K_ROW_TILE * (w.cols // Q4_K_BLOCK) * Q4_K_RECORD_BYTES
+cdef void _gemm_converted(float* out, const QMatrix* w, const float* x, const int8_t* xq, const float* xd,
+                          Py_ssize_t n_tokens, float* scratch) noexcept nogil:
+    """k_gemm (xq NULL) or k_gemm_q8 of a Q4_K or Q5_0 matrix: CONVERT_ROW_TILE
+    rows at a time converted (_converted_rows), through the kernels of
+    their new layout, their outputs copied into place (each row's result is
+    its own: the same bits however rows are tiled)."""
+    cdef Py_ssize_t r0 = 0, n, t, tile_bytes = CONVERT_ROW_TILE * _converted_row_bytes(w.layout, w.cols)
     cdef QMatrix tile
-    cdef float* tile_out = <float*> (w.scratch + (records + 63) // 64 * 64)
+    cdef float* tile_out = <float*> (w.scratch + (tile_bytes + 63) // 64 * 64)
     while r0 < w.rows:
-        n = min(<Py_ssize_t> Q4_K_ROW_TILE, w.rows - r0)
-        tile = _records_of_rows(w, r0, n)
+        n = min(<Py_ssize_t> CONVERT_ROW_TILE, w.rows - r0)
+        tile = _converted_rows(w, r0, n)
         if xq == NULL:
             k_gemm(tile_out, &tile, x, n_tokens, scratch)
         else:
@@ -306,6 +384,13 @@ cdef void k_gemv_q4_k(float* out, const QMatrix* w, const float* x) noexcept nog
     for r in range(w.rows):
         _prefetch_row(w.blocks + r * nb * Q4_K_BYTES, nb * Q4_K_BYTES)
         out[r] = k_dot_q4_k(w.blocks + r * nb * Q4_K_BYTES, w.ab + r * nb * 16, x, w.cols)
+
+
+cdef void k_gemv_q5_0(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    cdef Py_ssize_t r, nb = w.cols // Q8_0_BLOCK
+    for r in range(w.rows):
+        _prefetch_row(w.blocks + r * nb * Q5_0_BYTES, nb * Q5_0_BYTES)
+        out[r] = k_dot_q5_0(w.blocks + r * nb * Q5_0_BYTES, x, nb)
 
 
 cdef void _gemv_f32_rows(float* out, const float* w, const float* x, Py_ssize_t rows,
@@ -332,14 +417,16 @@ cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
         _gemv_f32_rows(out, w.w32, x, w.rows, w.cols)
     elif w.layout == QLAYOUT_Q4_K:
         k_gemv_q4_k(out, w, x)
+    elif w.layout == QLAYOUT_Q5_0:
+        k_gemv_q5_0(out, w, x)
 
 
 cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                  float* scratch) noexcept nogil:
     if n_tokens == 1:
         k_matvec(out, w, x)
-    elif w.layout == QLAYOUT_Q4_K:
-        _gemm_q4_k(out, w, x, NULL, NULL, n_tokens, scratch)
+    elif w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q5_0:
+        _gemm_converted(out, w, x, NULL, NULL, n_tokens, scratch)
     else:
         _gemm(out, w, x, n_tokens, scratch)  # each module's own (dot_<isa>.pxi)
 
@@ -383,8 +470,8 @@ cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float*
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if w.layout == QLAYOUT_Q8_0 else (
         _affine_row_bytes(w) if w.layout == QLAYOUT_AFFINE else cols)
     cdef const uint8_t* base = <const uint8_t*> w.q if w.layout == QLAYOUT_I8_TENSOR else w.blocks
-    if w.layout == QLAYOUT_Q4_K:
-        _gemm_q4_k(out, w, NULL, xq, xd, n_tokens, NULL)
+    if w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q5_0:
+        _gemm_converted(out, w, NULL, xq, xd, n_tokens, NULL)
         return
     if n_tokens == 1 and not w.resident:
         for r in range(rows):
@@ -415,9 +502,9 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
         k_dequantize_affine(out, w.blocks + row * _affine_row_bytes(w), w.cols, w.sub, w.has_offset)
     elif w.layout == QLAYOUT_F32:
         memcpy(out, w.w32 + row * w.cols, w.cols * sizeof(float))
-    elif w.layout == QLAYOUT_Q4_K:
-        tile = _records_of_rows(w, row, 1)
-        k_dequantize_affine(out, tile.blocks, w.cols, w.sub, w.has_offset)
+    elif w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q5_0:
+        tile = _converted_rows(w, row, 1)
+        k_matrix_row(out, &tile, 0)
 
 
 cdef inline uint16_t _load_u16(const uint8_t* p) noexcept nogil:

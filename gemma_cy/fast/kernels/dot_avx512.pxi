@@ -12,6 +12,14 @@
 # into acc0..acc3 in turn, a last block into acc0, acc1; (acc0 + acc1) +
 # (acc2 + acc3), its 16 lanes summed as _sum8(lanes 0-7) + _sum8(lanes 8-15).
 # So a Q8_0 matrix's GEMM is the affine one on rows dequantized once.
+#
+# k_dot_q5_0: k_dot_q8_0's steps on the levels unpacked in registers: the 16
+# bytes of qs widened to int32 (values 0-15 in their low nibbles, 16-31 in
+# the high ones, shifted down), bit 4 of each lane set to the value's qh bit
+# (qh broadcast and rotated per lane, merged by one ternary logic op), and
+# that 5-bit index looks the level up as an f32 in a 32-entry table
+# (-16..15: exact, as _widen16's conversion); then f32(level) * f32(d) per
+# 16, as for Q8_0, so a Q5_0 matrix gives its Q8_0 conversion's bits.
 
 cdef extern from "immintrin.h" nogil:
     ctypedef struct __m128i:
@@ -39,6 +47,13 @@ cdef extern from "immintrin.h" nogil:
     __m512i _mm512_and_si512(__m512i a, __m512i b)
     __m512i _mm512_srli_epi32(__m512i a, unsigned int imm)
     __m512i _mm512_set1_epi32(int a)
+    __m512i _mm512_ternarylogic_epi32(__m512i a, __m512i b, __m512i c, int imm)
+    __m512i _mm512_rorv_epi32(__m512i a, __m512i b)
+    __m512i _mm512_setr_epi32(int e0, int e1, int e2, int e3, int e4, int e5, int e6, int e7, int e8, int e9,
+                              int e10, int e11, int e12, int e13, int e14, int e15)
+    __m512 _mm512_permutex2var_ps(__m512 a, __m512i idx, __m512 b)
+    __m512 _mm512_setr_ps(float e0, float e1, float e2, float e3, float e4, float e5, float e6, float e7, float e8,
+                          float e9, float e10, float e11, float e12, float e13, float e14, float e15)
 
 
 cdef inline __m512 _widen16(const int8_t* q) noexcept nogil:
@@ -82,36 +97,80 @@ cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const flo
     _gemv_i8_rows(out, q, scale, x, rows, cols)
 
 
-cdef inline __m512 _q8_0_weights16(const uint8_t* block, Py_ssize_t half) noexcept nogil:
-    """The exact weights f32(q) * f32(d) of values 16 half .. 16 half + 15 of one
-    Q8_0 block (what the GEMV multiplies and the GEMM lays out)."""
+cdef inline void _q5_0_levels_f32(__m512* lo, __m512* hi, const uint8_t* block) noexcept nogil:
+    """The levels of one Q5_0 block as f32 (see the top of this file): lo
+    values 0-15, hi values 16-31."""
+    # lane j's nibble in bits 0-3, its qh bit (j, 16 + j) rotated to bit 4,
+    # the other bits of qh above it (ternary logic 0xE4: c ? a : b, c = 15);
+    # permutex2var reads bits 0-4 only
+    cdef __m512i v, m15, bits, lo_i, hi_i
+    cdef __m512 below, above
+    cdef int qh
+    below = _mm512_setr_ps(-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1)
+    above = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+    m15 = _mm512_set1_epi32(15)
+    v = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (block + 6)))
+    memcpy(&qh, block + 2, 4)  # (x86: little-endian, as the file)
+    bits = _mm512_set1_epi32(qh)
+    lo_i = _mm512_ternarylogic_epi32(v, _mm512_rorv_epi32(bits, _mm512_setr_epi32(
+        28, 29, 30, 31, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)), m15, 0xE4)
+    hi_i = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), _mm512_rorv_epi32(bits, _mm512_setr_epi32(
+        12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27)), m15, 0xE4)
+    lo[0] = _mm512_permutex2var_ps(below, lo_i, above)
+    hi[0] = _mm512_permutex2var_ps(below, hi_i, above)
+
+
+cdef inline void _block_weights(__m512* lo, __m512* hi, const uint8_t* block, bint q5_0) noexcept nogil:
+    """The exact weights f32(level) * f32(d) of one Q8_0 block (q5_0 False)
+    or Q5_0 block: lo values 0-15, hi values 16-31 (what the GEMV multiplies
+    and the GEMM lays out; 8 bits times an f16's 11: exact)."""
     cdef __m512 d = _mm512_set1_ps(_cvtsh_ss(_load_u16(block)))
-    return _mm512_mul_ps(_widen16(<const int8_t*> (block + 2) + 16 * half), d)
+    cdef const int8_t* q = <const int8_t*> (block + 2)
+    if q5_0:
+        _q5_0_levels_f32(lo, hi, block)
+        lo[0] = _mm512_mul_ps(lo[0], d)
+        hi[0] = _mm512_mul_ps(hi[0], d)
+    else:
+        lo[0] = _mm512_mul_ps(_widen16(q), d)
+        hi[0] = _mm512_mul_ps(_widen16(q + 16), d)
 
 
-cdef inline void _q8_0_block(__m512* lo, __m512* hi, const uint8_t* block, const float* x) noexcept nogil:
+cdef inline void _block_step(__m512* lo, __m512* hi, const uint8_t* block, const float* x,
+                             bint q5_0) noexcept nogil:
     """lo += the block's first 16 weights times x[0:16], hi its last 16 times x[16:32]."""
-    lo[0] = _mm512_fmadd_ps(_q8_0_weights16(block, 0), _mm512_loadu_ps(x), lo[0])
-    hi[0] = _mm512_fmadd_ps(_q8_0_weights16(block, 1), _mm512_loadu_ps(x + 16), hi[0])
+    cdef __m512 w0, w1
+    _block_weights(&w0, &w1, block, q5_0)
+    lo[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), lo[0])
+    hi[0] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), hi[0])
 
 
-cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+cdef inline float _dot_blocks(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks,
+                              bint q5_0) noexcept nogil:
+    """k_dot_q8_0 (q5_0 False) or k_dot_q5_0: one loop for both layouts."""
     cdef __m512 acc[4]
     cdef const uint8_t* b = blocks
-    cdef Py_ssize_t k = 0
+    cdef Py_ssize_t k = 0, size = Q5_0_BYTES if q5_0 else Q8_0_BYTES
     cdef float lanes[16]
     acc[0] = _mm512_setzero_ps()
     acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
     while k + 2 <= n_blocks:
-        _q8_0_block(&acc[0], &acc[1], b, x)
-        _q8_0_block(&acc[2], &acc[3], b + Q8_0_BYTES, x + Q8_0_BLOCK)
-        b += 2 * Q8_0_BYTES
+        _block_step(&acc[0], &acc[1], b, x, q5_0)
+        _block_step(&acc[2], &acc[3], b + size, x + Q8_0_BLOCK, q5_0)
+        b += 2 * size
         x += 2 * Q8_0_BLOCK
         k += 2
     if k < n_blocks:
-        _q8_0_block(&acc[0], &acc[1], b, x)
+        _block_step(&acc[0], &acc[1], b, x, q5_0)
     _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
     return _sum8(lanes) + _sum8(lanes + 8)
+
+
+cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    return _dot_blocks(blocks, x, n_blocks, False)
+
+
+cdef float k_dot_q5_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    return _dot_blocks(blocks, x, n_blocks, True)
 
 
 cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
@@ -141,11 +200,13 @@ cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noex
 
 
 cdef inline void _q8_0_row(float* w, const uint8_t* row, Py_ssize_t nb) noexcept nogil:
-    """One Q8_0 row's exact weights, as the GEMV forms them (_q8_0_weights16)."""
+    """One Q8_0 row's exact weights, as the GEMV forms them (_block_weights)."""
     cdef Py_ssize_t k
+    cdef __m512 lo, hi
     for k in range(nb):
-        _mm512_storeu_ps(w + 32 * k, _q8_0_weights16(row, 0))
-        _mm512_storeu_ps(w + 32 * k + 16, _q8_0_weights16(row, 1))
+        _block_weights(&lo, &hi, row, False)
+        _mm512_storeu_ps(w + 32 * k, lo)
+        _mm512_storeu_ps(w + 32 * k + 16, hi)
         row += Q8_0_BYTES
 
 

@@ -44,26 +44,38 @@ cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const flo
 # dequantized weight f32(q) * f32(d) (exact) times x, acc[8 g + j] taking
 # column 8 g + j of every block in turn (one loop -O3 vectorizes); lanes[j] =
 # (acc[j] + acc[8 + j]) + (acc[16 + j] + acc[24 + j]); the f16 scale converted
-# by k_f16_to_f32 (bit manipulation).
+# by k_f16_to_f32 (bit manipulation). k_dot_q5_0: the same, each block's
+# levels unpacked first (_block_levels).
 
-cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+cdef inline float _dot_blocks(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks,
+                              bint q5_0) noexcept nogil:
+    """k_dot_q8_0 (q5_0 False) or k_dot_q5_0: one loop for both layouts."""
     cdef float acc[32]
     cdef float lanes[8]
     cdef float d
+    cdef int8_t levels[32]
     cdef const int8_t* q
     cdef Py_ssize_t k, j
     for j in range(32):
         acc[j] = 0
     for k in range(n_blocks):
         d = k_f16_to_f32(_load_u16(blocks))
-        q = <const int8_t*> (blocks + 2)
+        q = _block_levels(levels, blocks, q5_0)
         for j in range(32):
             acc[j] += (q[j] * d) * x[j]
-        blocks += Q8_0_BYTES
+        blocks += Q5_0_BYTES if q5_0 else Q8_0_BYTES
         x += Q8_0_BLOCK
     for j in range(8):
         lanes[j] = (acc[j] + acc[8 + j]) + (acc[16 + j] + acc[24 + j])
     return _sum8(lanes)
+
+
+cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    return _dot_blocks(blocks, x, n_blocks, False)
+
+
+cdef float k_dot_q5_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    return _dot_blocks(blocks, x, n_blocks, True)
 
 
 cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,

@@ -9,7 +9,8 @@
 # 4-value groups 0, 2, 4, 6 and p1 groups 1, 3, 5, 7 (the first of each a
 # product, the rest FMAs), p = p0 + p1, then acc += f32(d) * p (one FMA; d
 # converted by vcvt_f32_f16); even blocks into acc0, odd ones into acc1; the
-# 4 lanes of acc0 + acc1 summed as (l0 + l2) + (l1 + l3).
+# 4 lanes of acc0 + acc1 summed as (l0 + l2) + (l1 + l3). k_dot_q5_0: the
+# same, each block's levels unpacked first (_block_levels).
 
 cdef extern from "arm_neon.h" nogil:
     ctypedef struct int8x8_t:
@@ -84,9 +85,10 @@ cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const flo
     _gemv_i8_rows(out, q, scale, x, rows, cols)
 
 
-cdef inline float32x4_t _block_q8_0(float32x4_t acc, const uint8_t* block, const float* x) noexcept nogil:
-    """acc + f32(d) * the block's 32 products with x[0:32], summed to 4 lanes."""
-    cdef const int8_t* q = <const int8_t*> (block + 2)
+cdef inline float32x4_t _block_q8_0(float32x4_t acc, const uint8_t* block, const int8_t* q,
+                                    const float* x) noexcept nogil:
+    """acc + f32(d) * the block's 32 products with x[0:32], summed to 4 lanes:
+    d at the block's byte 0, its levels at q (_block_levels)."""
     cdef float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(_load_u16(block))))
     cdef float32x4_t p0, p1
     cdef int16x8_t w = vmovl_s8(vld1_s8(q))
@@ -104,19 +106,35 @@ cdef inline float32x4_t _block_q8_0(float32x4_t acc, const uint8_t* block, const
     return vfmaq_f32(acc, d, vaddq_f32(p0, p1))
 
 
-cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+cdef inline float _dot_blocks(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks,
+                              bint q5_0) noexcept nogil:
+    """k_dot_q8_0 (q5_0 False) or k_dot_q5_0 (each block's levels unpacked
+    first): one loop for both layouts."""
     cdef float32x4_t acc0 = vdupq_n_f32(0)
     cdef float32x4_t acc1 = vdupq_n_f32(0)
-    cdef Py_ssize_t k = 0
+    cdef Py_ssize_t k = 0, size = Q5_0_BYTES if q5_0 else Q8_0_BYTES
+    cdef int8_t levels[64]
+    cdef const uint8_t* b
     cdef float lanes[4]
     while k + 2 <= n_blocks:
-        acc0 = _block_q8_0(acc0, blocks + k * Q8_0_BYTES, x + k * Q8_0_BLOCK)
-        acc1 = _block_q8_0(acc1, blocks + (k + 1) * Q8_0_BYTES, x + (k + 1) * Q8_0_BLOCK)
+        b = blocks + k * size
+        acc0 = _block_q8_0(acc0, b, _block_levels(levels, b, q5_0), x + k * Q8_0_BLOCK)
+        b = blocks + (k + 1) * size
+        acc1 = _block_q8_0(acc1, b, _block_levels(levels + 32, b, q5_0), x + (k + 1) * Q8_0_BLOCK)
         k += 2
     if k < n_blocks:
-        acc0 = _block_q8_0(acc0, blocks + k * Q8_0_BYTES, x + k * Q8_0_BLOCK)
+        b = blocks + k * size
+        acc0 = _block_q8_0(acc0, b, _block_levels(levels, b, q5_0), x + k * Q8_0_BLOCK)
     vst1q_f32(lanes, vaddq_f32(acc0, acc1))
     return (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])
+
+
+cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    return _dot_blocks(blocks, x, n_blocks, False)
+
+
+cdef float k_dot_q5_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    return _dot_blocks(blocks, x, n_blocks, True)
 
 
 cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
