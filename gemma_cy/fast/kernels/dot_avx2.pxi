@@ -446,6 +446,11 @@ cdef float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil
     return s
 
 
+cdef inline bint _gemm_takes_q5_0() noexcept nogil:
+    """Q5_0 matrices reach _gemm converted to Q8_0 a tile of rows at a time (k_gemm)."""
+    return False
+
+
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
     """k_gemm (see the orders at the top of this file): a Q8_0 matrix, or an

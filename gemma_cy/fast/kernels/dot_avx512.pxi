@@ -199,15 +199,21 @@ cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noex
     return GEMM_ROW_TILE * cols  # the rows' weights as f32
 
 
-cdef inline void _q8_0_row(float* w, const uint8_t* row, Py_ssize_t nb) noexcept nogil:
-    """One Q8_0 row's exact weights, as the GEMV forms them (_block_weights)."""
-    cdef Py_ssize_t k
+cdef inline void _blocks_row(float* w, const uint8_t* row, Py_ssize_t nb, bint q5_0) noexcept nogil:
+    """One Q8_0 (q5_0 False) or Q5_0 row's exact weights, as the GEMV forms
+    them (_block_weights)."""
+    cdef Py_ssize_t k, size = Q5_0_BYTES if q5_0 else Q8_0_BYTES
     cdef __m512 lo, hi
     for k in range(nb):
-        _block_weights(&lo, &hi, row, False)
+        _block_weights(&lo, &hi, row, q5_0)
         _mm512_storeu_ps(w + 32 * k, lo)
         _mm512_storeu_ps(w + 32 * k + 16, hi)
-        row += Q8_0_BYTES
+        row += size
+
+
+cdef inline bint _gemm_takes_q5_0() noexcept nogil:
+    """Q5_0 matrices go to this module's _gemm as stored (k_gemm)."""
+    return True
 
 
 cdef inline void _affine_row(float* w, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
@@ -303,19 +309,20 @@ cdef void _affine_4x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssiz
 
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
-    """k_gemm of a Q8_0 or affine matrix by the blocked kernel above:
+    """k_gemm of a Q8_0, Q5_0 or affine matrix by the blocked kernel above:
     positions in passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows'
     weights formed at a time (they stay in L1/L2), the 4 x 4 kernel over
     every four rows and positions of the pass; rows and positions no whole
     tile covers by the GEMV's own dot product (the same bits). Other
     matrices: _gemm_by_rows."""
-    cdef bint q8_0 = w.layout == QLAYOUT_Q8_0
+    cdef bint q5_0 = w.layout == QLAYOUT_Q5_0
+    cdef bint blocks = w.layout == QLAYOUT_Q8_0 or q5_0
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK, row_bytes, t, t0, tn, r, i, n
     cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) the rows' weights
-    if not (q8_0 or w.layout == QLAYOUT_AFFINE) or scratch == NULL:
+    if not (blocks or w.layout == QLAYOUT_AFFINE) or scratch == NULL:
         _gemm_by_rows(out, w, x, n_tokens)
         return
-    row_bytes = nb * Q8_0_BYTES if q8_0 else _affine_row_bytes(w)
+    row_bytes = nb * (Q5_0_BYTES if q5_0 else Q8_0_BYTES) if blocks else _affine_row_bytes(w)
     t0 = 0
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_POSITION_TILE, n_tokens - t0)
@@ -325,8 +332,8 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
             for i in range(n):
                 if not w.resident:
                     _prefetch_row(w.blocks + (r + i) * row_bytes, row_bytes)
-                if q8_0:
-                    _q8_0_row(wt + i * cols, w.blocks + (r + i) * row_bytes, nb)
+                if blocks:
+                    _blocks_row(wt + i * cols, w.blocks + (r + i) * row_bytes, nb, q5_0)
                 else:
                     _affine_row(wt + i * cols, w.blocks + (r + i) * row_bytes, cols, w.sub, w.has_offset)
             i = 0
@@ -351,6 +358,9 @@ cdef inline void _dots(float* out, const QMatrix* w, Py_ssize_t r, Py_ssize_t n_
         for t in range(t_lo, t_hi):
             if w.layout == QLAYOUT_Q8_0:
                 out[t * w.rows + r + i] = k_dot_q8_0(w.blocks + (r + i) * row_bytes, x + t * w.cols,
+                                                     w.cols // Q8_0_BLOCK)
+            elif w.layout == QLAYOUT_Q5_0:
+                out[t * w.rows + r + i] = k_dot_q5_0(w.blocks + (r + i) * row_bytes, x + t * w.cols,
                                                      w.cols // Q8_0_BLOCK)
             else:
                 out[t * w.rows + r + i] = k_dot_affine(w.blocks + (r + i) * row_bytes, x + t * w.cols, w.cols,

@@ -146,6 +146,11 @@ cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noex
     return 0  # _gemm needs none
 
 
+cdef inline bint _gemm_takes_q5_0() noexcept nogil:
+    """Q5_0 matrices reach _gemm converted to Q8_0 a tile of rows at a time (k_gemm)."""
+    return False
+
+
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
     _gemm_by_rows(out, w, x, n_tokens)
