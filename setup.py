@@ -60,7 +60,10 @@ if MACHINE == "x86_64":
     # F16C converts the Q8_0 block scales; every AVX2 and AVX-512 CPU has it
     # (gemma_cy.fast.cpu_features checks it with the rest).
     SIMD_FLAGS["avx2"] = ("-mavx2", "-mfma", "-mf16c")
-    SIMD_FLAGS["avx512"] = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", *PORTABLE)
+    # VNNI (vpdpbusd) runs the q8 mode's GEMM; an AVX-512 CPU without it
+    # (Skylake-SP) runs the avx2 module (gemma_cy.fast.ops.REQUIRES).
+    SIMD_FLAGS["avx512"] = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
+                            *PORTABLE)
 elif MACHINE == "aarch64":
     SIMD_FLAGS["neon"] = PORTABLE
 

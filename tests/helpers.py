@@ -31,7 +31,6 @@ import pytest
 
 from gemma_cy.generation.local_error import teacher_forced
 from gemma_cy.fast import ops
-from gemma_cy.fast.cpu_features import supported
 from gemma_cy.fast.engine import FastEngine
 from gemma_cy.formats.gguf_model import gguf_tensor_name
 from gemma_cy.formats.gguf_writer import TensorData
@@ -120,8 +119,7 @@ AVAILABLE = ops.available()
 
 
 def _skip_reason(name: str) -> str:
-    need = ops.REQUIRES[name]
-    if need is not None and not supported()[need]:
+    if not ops._cpu_runs(name):
         return f"this CPU cannot run {name} (it runs: {', '.join(AVAILABLE)})"
     return f"{name} is not built on this architecture"
 

@@ -24,7 +24,7 @@ from gemma_cy.formats.gguf_reader import _F16_SCALE_OFFSETS
 from gemma_cy.quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, Q4_KTensor, to_affine
 from gemma_cy.quant.ggml import Q5_0Tensor, to_q8_0
 from gemma_cy.quant.types import GGML_TYPE_IDS, GGML_TYPES
-from gemma_cy.quant.tensors import Q8_0Tensor
+from gemma_cy.quant.tensors import Int8Tensor, Q8_0Tensor
 from gemma_cy_reference.layers import Q8Matrix
 from gemma_cy_reference.model import ReferenceEngine
 from helpers import (ISA, check_each_op_against_the_reference, gemma3_gguf_fields, greedy_both,
@@ -139,16 +139,19 @@ def test_affine_q8_mode_is_the_references_bit_for_bit(isa, name):
         assert np.all(np.abs(block[i] - want) <= 4 * U * (np.abs(w) @ np.abs(xv))), (isa, name, i)
 
 
+# f16 scales from the extremes: zero, subnormal, the largest finite, negative.
+SPECIAL_F16 = np.array([0.0, 2.0 ** -24, 3 * 2.0 ** -20, 6.1e-5, 65504.0, -1.5, 1e-3], np.float16)
+
+
 def special_q4_k(rows: int, cols: int, rng) -> np.ndarray:
     """Q4_K blocks whose f16 d and dmin are drawn from the extremes as well:
     zero, subnormal, the largest finite, negative; every 6-bit scale and
     min code appears (the 12 scale bytes are random)."""
     raw = random_raw("Q4_K", rows, cols, rng, 0.5).reshape(-1, 144).copy()
-    special = np.array([0.0, 2.0 ** -24, 3 * 2.0 ** -20, 6.1e-5, 65504.0, -1.5, 1e-3], np.float16)
     pick = rng.random(raw.shape[0]) < 0.3
     for at in (0, 2):
         values = raw[:, at:at + 2].copy().view("<f2")[:, 0]
-        values[pick] = rng.choice(special, int(pick.sum()))
+        values[pick] = rng.choice(SPECIAL_F16, int(pick.sum()))
         raw[:, at:at + 2] = values.astype("<f2").view(np.uint8).reshape(-1, 2)
     return raw.reshape(rows, -1)
 
@@ -184,6 +187,53 @@ def assert_gemm_bits_equal(m, stored, converted, x: np.ndarray, isa: str) -> np.
         one = m.gemm(stored, x[-1:], activations)  # the decode path
         np.testing.assert_array_equal(one[0].view(np.uint32), want[-1].view(np.uint32), err_msg=f"{isa} decode")
     return one[0]
+
+
+def q8_gemm_matrix(kind: str, rows: int, cols: int, rng):
+    """A (rows, cols) matrix of any layout the q8 mode runs, with every int8
+    level (-128 too) and, for Q8_0, f16 scales from the extremes."""
+    if kind == "int8":
+        return Int8Tensor(rng.integers(-128, 128, (rows, cols), dtype=np.int8), np.float32(rng.uniform(1e-3, 1)))
+    if kind == "Q8_0 blocks":
+        blocks = rng.integers(0, 256, (rows, cols // 32, 34), dtype=np.uint8)
+        d = rng.choice(np.concatenate([SPECIAL_F16, np.float16(rng.uniform(-0.1, 0.1, 8))]), (rows, cols // 32))
+        blocks[..., :2] = d.astype("<f2").view(np.uint8).reshape(rows, cols // 32, 2)
+        return Q8_0Tensor(blocks)
+    if kind == "Q4_K as stored":
+        return Q4_KTensor.from_raw(special_q4_k(rows, cols, rng), (rows, cols))
+    if kind == "Q5_0 as stored":
+        return Q5_0Tensor.from_raw(random_raw("Q5_0", rows, cols, rng, 0.5), (rows, cols))
+    return AffineTensor.from_raw(random_raw(kind, rows, cols, rng, 0.5), GGML_TYPE_IDS[kind], (rows, cols))
+
+
+@ISA
+@pytest.mark.parametrize("kind", ["int8", "Q8_0 blocks", "Q4_K as stored", "Q5_0 as stored", *AFFINE_TYPES])
+@pytest.mark.parametrize("rows, cols", [(1, 256), (15, 512), (17, 256), (40, 768)])
+def test_q8_gemm_is_the_gemv_at_every_position(isa, kind, rows, cols):
+    """The q8 GEMM (the avx512 module: panels of 16 rows, 4 positions at a
+    time, integer sums by vpdpbusd) gives at every position the bits of the
+    one-position GEMV (k_dot_*_q8) and of the reference's Q8Matrix: rows
+    that end in part of a panel, 2 to 9 positions (a last group of 1 to 3),
+    every layout and record size, activations at +-127 against levels of
+    -128 (the largest integer sums)."""
+    from gemma_cy.quant.tensors import quantize_activations_q8
+    from gemma_cy_reference.layers import Q8Matrix
+
+    m = kernels(isa)
+    rng = np.random.default_rng(rows * 1000 + cols + len(kind))
+    w = q8_gemm_matrix(kind, rows, cols, rng)
+    reference = Q8Matrix(w)
+    x = rng.uniform(-1, 1, (9, cols)).astype(np.float32)
+    x[0] = np.where(np.arange(cols) % 2, 3.0, -3.0)  # every q = +-127
+    steps = np.stack([m.gemm(w, x[i:i + 1], activations="q8")[0] for i in range(9)])
+    for i in range(9):
+        np.testing.assert_array_equal(steps[i].view(np.uint32), (reference @ x[i]).view(np.uint32),
+                                      err_msg=f"{isa} {kind} GEMV position {i}")
+    for n in (2, 3, 4, 5, 9):
+        block = m.gemm(w, x[:n], activations="q8")
+        np.testing.assert_array_equal(block.view(np.uint32), steps[:n].view(np.uint32),
+                                      err_msg=f"{isa} {kind} {n} positions")
+    assert quantize_activations_q8(x[0])[0].min() == -127
 
 
 def test_q4_k_tensor_refuses_bytes_that_do_not_hold_it():

@@ -357,7 +357,7 @@ cdef class FastModel:
     cdef float* hb2  # (BLOCK, mlp) up
     cdef int8_t* xq  # (BLOCK, max width) a matrix input quantized (q8 mode)
     cdef float* xd  # (BLOCK, max width / 32) its block scales (q8 mode)
-    cdef float* gemm_scratch  # k_gemm's (k_gemm_scratch_floats(max width, BLOCK),)
+    cdef float* gemm_scratch  # k_gemm's and k_gemm_q8's (k_gemm_scratch_floats(max width, BLOCK),)
     cdef float* rope_cos  # (BLOCK, 2, hd/2): cos of each position's angles, global and local base
     cdef float* rope_sin  # (BLOCK, 2, hd/2)
     cdef float* out  # (vocab,) logits
@@ -767,7 +767,7 @@ cdef class FastModel:
         int8 per block of 32 first."""
         if self.act_q8:
             k_quantize_q8(self.xq, self.xd, x, T * w.cols // Q8_0_BLOCK)
-            k_gemm_q8(out, w, self.xq, self.xd, T)
+            k_gemm_q8(out, w, self.xq, self.xd, T, self.gemm_scratch)
         else:
             k_gemm(out, w, x, T, self.gemm_scratch)
 
@@ -970,7 +970,7 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
     with nogil:
         if q8:
             k_quantize_q8(&xqv[0], &xdv[0], &xv[0, 0], T * nb)
-            k_gemm_q8(&ov[0, 0], &m, &xqv[0], &xdv[0], T)
+            k_gemm_q8(&ov[0, 0], &m, &xqv[0], &xdv[0], T, &sv[0])
         else:
             k_gemm(&ov[0, 0], &m, &xv[0, 0], T, &sv[0])
     return out

@@ -49,7 +49,8 @@ from .cpu_features import supported
 from ..errors import ParameterError
 
 ISAS = ("avx512", "avx2", "neon", "generic")  # best first
-REQUIRES = {"avx512": "avx512", "avx2": "avx2", "neon": "neon", "generic": None}  # cpu_features key
+# The cpu_features keys each module needs (avx512 is built with VNNI: see setup.py).
+REQUIRES = {"avx512": ("avx512", "vnni"), "avx2": ("avx2",), "neon": ("neon",), "generic": ()}
 ENV_VAR = "GEMMA_CY_SIMD"
 # The modules whose whole test suite has passed on a CPU with their
 # instruction set (docs/architecture.md#isa-dispatch). Only these are chosen
@@ -63,8 +64,8 @@ OWN_AFFINE_KERNELS = ("avx512", "avx2")
 
 
 def _cpu_runs(name: str) -> bool:
-    need = REQUIRES[name]
-    return need is None or supported()[need]
+    features = supported()
+    return all(features[need] for need in REQUIRES[name])
 
 
 def _built(name: str) -> bool:

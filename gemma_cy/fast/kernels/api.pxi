@@ -161,8 +161,8 @@ cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil
 cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                  float* scratch) noexcept nogil
 
-# The f32 scratch k_gemm of this module needs for n_tokens positions of a
-# matrix with cols columns (0: none).
+# The f32 scratch k_gemm and k_gemm_q8 of this module need for n_tokens
+# positions of a matrix with cols columns (0: none).
 cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil
 
 # --- int8 activations (the opt-in "q8" mode; docs/numerics.md#activation-modes: the reference
@@ -188,18 +188,19 @@ cdef float k_dot_i8_q8(const int8_t* w, const int8_t* xq, const float* xd, Py_ss
 cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* xd,
                          Py_ssize_t n_blocks) noexcept nogil
 
-# k_gemm over quantized activations: xq (n_tokens, w.cols) int8, xd
-# (n_tokens, w.cols / 32); out[t, r] = k_dot_*_q8 of row r and token t.
 # f32 of an affine row times quantized activations: per record, exact integer
 # sums of q * xq (and of xq, for an offset), scaled in f64 by f32(a * xd) and
 # f32(b * xd), added and subtracted in record order (kernels/common.pxi).
 cdef float k_dot_affine_q8(const uint8_t* rec, const int8_t* xq, const float* xd, Py_ssize_t cols,
                            Py_ssize_t sub, bint has_offset) noexcept nogil
 
-# w.cols must be a multiple of 32; w is not QLAYOUT_F32 (the q8 mode does
-# not run f32 matrices: gemma_cy.model.checks refuses them).
+# k_gemm over quantized activations: xq (n_tokens, w.cols) int8, xd
+# (n_tokens, w.cols / 32); out[t, r] = k_dot_*_q8 of row r and token t, bit
+# for bit. w.cols must be a multiple of 32; w is not QLAYOUT_F32 (the q8 mode does
+# not run f32 matrices: gemma_cy.model.checks refuses them). scratch: as
+# k_gemm's (k_gemm_scratch_floats(w.cols, n_tokens) floats covers both).
 cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
-                    Py_ssize_t n_tokens) noexcept nogil
+                    Py_ssize_t n_tokens, float* scratch) noexcept nogil
 
 # out (w.cols,) = row ``row`` of w dequantized (an embedding lookup).
 cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil

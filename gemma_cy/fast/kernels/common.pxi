@@ -360,7 +360,7 @@ cdef inline QMatrix _converted_rows(const QMatrix* w, Py_ssize_t row, Py_ssize_t
 
 cdef void _gemm_converted(float* out, const QMatrix* w, const float* x, const int8_t* xq, const float* xd,
                           Py_ssize_t n_tokens, float* scratch) noexcept nogil:
-    """k_gemm (xq NULL) or k_gemm_q8 of a Q4_K or Q5_0 matrix: CONVERT_ROW_TILE
+    """k_gemm (xq NULL) or _gemm_q8 of a Q4_K or Q5_0 matrix: CONVERT_ROW_TILE
     rows at a time converted (_converted_rows), through the kernels of
     their new layout, their outputs copied into place (each row's result is
     its own: the same bits however rows are tiled)."""
@@ -373,7 +373,7 @@ cdef void _gemm_converted(float* out, const QMatrix* w, const float* x, const in
         if xq == NULL:
             k_gemm(tile_out, &tile, x, n_tokens, scratch)
         else:
-            k_gemm_q8(tile_out, &tile, xq, xd, n_tokens)
+            _gemm_q8(tile_out, &tile, xq, xd, n_tokens, scratch)
         for t in range(n_tokens):
             memcpy(out + t * w.rows + r0, tile_out + t * n, n * sizeof(float))
         r0 += n
@@ -463,9 +463,15 @@ cdef void _gemm_by_rows(float* out, const QMatrix* w, const float* x, Py_ssize_t
 
 
 cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
-                    Py_ssize_t n_tokens) noexcept nogil:
-    # as k_gemm: tiles of tokens, each group of four rows read once per tile;
-    # one token from DRAM (decode): row after row, as the f32 GEMV
+                    Py_ssize_t n_tokens, float* scratch) noexcept nogil:
+    _gemm_q8(out, w, xq, xd, n_tokens, scratch)  # each module's own (dot_<isa>.pxi, q8_vnni.pxi)
+
+
+cdef void _gemm_q8_by_rows(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
+                           Py_ssize_t n_tokens) noexcept nogil:
+    """k_gemm_q8 by the module's row kernels (_dot_rows_q8): as k_gemm, tiles
+    of tokens, each group of four rows read once per tile; one token from
+    DRAM (decode) row after row, as the f32 GEMV."""
     cdef Py_ssize_t t0 = 0, t, tn, r, i, n, rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if w.layout == QLAYOUT_Q8_0 else (
         _affine_row_bytes(w) if w.layout == QLAYOUT_AFFINE else cols)

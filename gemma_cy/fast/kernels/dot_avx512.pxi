@@ -196,7 +196,8 @@ cdef enum:
 
 
 cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
-    return GEMM_ROW_TILE * cols  # the rows' weights as f32
+    # the rows' weights as f32 (_gemm), or a q8 panel and its tables (q8_vnni.pxi)
+    return max(GEMM_ROW_TILE * cols, (_gemm_q8_scratch_bytes(cols, n_tokens) + 3) // 4)
 
 
 cdef inline void _blocks_row(float* w, const uint8_t* row, Py_ssize_t nb, bint q5_0) noexcept nogil:

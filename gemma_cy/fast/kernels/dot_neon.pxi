@@ -151,6 +151,11 @@ cdef inline bint _gemm_takes_q5_0() noexcept nogil:
     return False
 
 
+cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
+                   float* scratch) noexcept nogil:
+    _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
+
+
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
     _gemm_by_rows(out, w, x, n_tokens)

@@ -1,0 +1,370 @@
+# The q8 mode's GEMM (k_gemm_q8, prefill) with AVX-512 VNNI, for the avx512
+# module (built with -mavx512vnni; gemma_cy.fast.ops runs it only on a CPU
+# that has VNNI). The contract and the one order of every q8 product are in
+# api.pxi and q8_x86.pxi: per block of 32 (or record of 16) an exact integer
+# sum, its product with the block's f32 scale exact in f64, the f64 sum block
+# after block, rounded once. Only the integer sums are grouped differently
+# here (any grouping of exact integers gives the same integer), so the
+# results are the GEMV's (k_dot_*_q8) and the reference's Q8Matrix bit for
+# bit.
+#
+# Layout: a panel of PANEL_ROWS = 16 rows, repacked once per call into
+# scratch and reused for every position. Per block of 32 values, eight
+# vectors of 64 bytes: 32-bit lane i of vector k holds row i's values
+# 4 k .. 4 k + 3 (as uint8: level + 128), then the rows' scales (16 f32 a:
+# f32(d) of a Q8_0 block, 1 for int8 rows, a of an affine record) and, for
+# the affine types with an offset, their 16 b; a block of two records of 16
+# holds the first record's values in vectors 0-3, the second's in 4-7, then
+# a0, a1 (and b0, b1). So each lane is a row and no horizontal sum is
+# needed: vpdpbusd(acc, panel vector k, activation dword k broadcast)
+# accumulates every row's 4 products of dword k at once, and after the 8 (or
+# 4) of a record acc holds the 16 rows' sums of (q + 128) * xq. Starting acc
+# at -128 * sum(xq) of the record (kept with the activations) leaves the exact
+# sum q * xq: |partial sums| < 2^21. The scaling then runs in f64 on 2 x 8
+# lanes, one FMA per term (the product is exact in f64, so the FMA is the
+# GEMV's multiply and add): acc64 += f64(isum) * f64(f32(a * xd)), then for
+# an offset acc64 -= f64(sum xq) * f64(f32(b * xd)).
+#
+# The activations are laid out once per call as PanelBlocks (below): block
+# b of position t at b * n_pad + t, so the four positions that share each
+# panel vector load (eight loads for 32 vpdpbusd) sit side by side; the
+# positions are padded with zeros to a multiple of four, and the rows of a
+# last, partial panel are copies of the last row: both are computed and
+# never stored.
+
+from libc.string cimport memset
+
+cdef extern from "immintrin.h" nogil:
+    ctypedef struct __m256i:
+        pass
+    ctypedef struct __m256:
+        pass
+    ctypedef struct __m512d:
+        pass
+    __m512i _mm512_dpbusd_epi32(__m512i src, __m512i a, __m512i b)  # AVX512_VNNI
+    __m512i _mm512_loadu_si512(const void* p)
+    void _mm512_storeu_si512(void* p, __m512i a)
+    __m512i _mm512_castsi256_si512(__m256i a)
+    __m256i _mm512_castsi512_si256(__m512i a)
+    __m512i _mm512_inserti64x4(__m512i a, __m256i b, int imm)
+    __m256i _mm512_extracti64x4_epi64(__m512i a, int imm)
+    __m512i _mm512_unpacklo_epi32(__m512i a, __m512i b)
+    __m512i _mm512_unpackhi_epi32(__m512i a, __m512i b)
+    __m512i _mm512_unpacklo_epi64(__m512i a, __m512i b)
+    __m512i _mm512_unpackhi_epi64(__m512i a, __m512i b)
+    __m512i _mm512_permutex2var_epi64(__m512i a, __m512i idx, __m512i b)
+    __m512i _mm512_set_epi64(long long e7, long long e6, long long e5, long long e4, long long e3,
+                             long long e2, long long e1, long long e0)
+    __m512i _mm512_xor_si512(__m512i a, __m512i b)
+    __m512 _mm512_cvtph_ps(__m256i a)
+    __m512d _mm512_cvtepi32_pd(__m256i a)
+    __m512d _mm512_cvtps_pd(__m256 a)
+    __m256 _mm512_castps512_ps256(__m512 a)
+    __m512 _mm512_shuffle_f32x4(__m512 a, __m512 b, int imm)
+    __m512d _mm512_setzero_pd()
+    __m512d _mm512_set1_pd(double a)
+    __m512d _mm512_mul_pd(__m512d a, __m512d b)
+    __m512d _mm512_fmadd_pd(__m512d a, __m512d b, __m512d c)
+    __m512d _mm512_fnmadd_pd(__m512d a, __m512d b, __m512d c)
+    __m256 _mm512_cvtpd_ps(__m512d a)
+    void _mm256_storeu_ps(float* p, __m256 a)
+    __m256i _mm256_loadu_si256(const __m256i* p)
+    __m256i _mm256_set1_epi8(char a)
+    __m256i _mm256_and_si256(__m256i a, __m256i b)
+    __m256i _mm256_srli_epi16(__m256i a, int imm)
+    __m256i _mm256_inserti128_si256(__m256i a, __m128i b, int imm)
+    __m256i _mm256_castsi128_si256(__m128i a)
+
+
+cdef enum:
+    PANEL_ROWS = 16  # rows per panel: one per 32-bit lane of a vector
+    PANEL_POSITIONS = 4  # positions that share each panel vector load
+    PANEL_LEVEL_BYTES = 512  # a block's 32 values of 16 rows
+    PANEL_MAX_BLOCK_BYTES = 768  # with four scale vectors (records of 16 with offsets)
+
+
+cdef inline Py_ssize_t _panel_record(const QMatrix* w) noexcept nogil:
+    """Values per record of w's q8 products: 16 for affine records of 16, else 32."""
+    return 16 if w.layout == QLAYOUT_AFFINE and w.sub == 16 else 32
+
+
+cdef inline bint _panel_offset(const QMatrix* w) noexcept nogil:
+    """True when w's records carry an offset b (some affine types; every Q4_K)."""
+    return (w.layout == QLAYOUT_AFFINE or w.layout == QLAYOUT_Q4_K) and w.has_offset
+
+
+# One position's block of 32 quantized activations as the panel kernel reads
+# them (64 bytes): the four positions of a step sit side by side, so that one
+# pointer reaches them all.
+cdef struct PanelBlock:
+    int8_t xq[32]
+    float xd  # the block's scale
+    int32_t bias[2]  # -128 * sum xq over each record of the block (one of 32, or two of 16)
+    double qsum[2]  # sum xq over the same records (the offset terms)
+
+
+cdef Py_ssize_t _gemm_q8_scratch_bytes(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
+    """A panel (64-byte aligned), then the activations as PanelBlocks, the
+    positions padded to a multiple of PANEL_POSITIONS."""
+    cdef Py_ssize_t n_pad = (max(n_tokens, 1) + PANEL_POSITIONS - 1) // PANEL_POSITIONS * PANEL_POSITIONS
+    return 64 + cols // 32 * (PANEL_MAX_BLOCK_BYTES + n_pad * <Py_ssize_t> sizeof(PanelBlock))
+
+
+cdef inline int32_t _load_i32(const int8_t* p) noexcept nogil:
+    cdef int32_t v
+    memcpy(&v, p, 4)
+    return v
+
+
+cdef inline void _pack_levels(uint8_t* dst, const __m256i* y) noexcept nogil:
+    """dst (8 x 64 bytes) = the 16 rows' 32 levels y[i] as panel vectors:
+    lane i of vector k = y[i]'s bytes 4 k .. 4 k + 3, each + 128 (uint8).
+    Rows i and i + 8 share a vector; an 8 x 8 dword transpose in each half
+    (unpacks), then the halves' 128-bit lanes put in row order."""
+    cdef __m512i z[8]
+    cdef __m512i t[8]
+    cdef __m512i u, v
+    cdef __m512i flip = _mm512_set1_epi32(-0x7F7F7F80)  # 0x80808080
+    cdef __m512i first = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0)  # column k < 4 of rows 0-15
+    cdef __m512i second = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2)  # column k + 4
+    cdef Py_ssize_t j, k
+    for j in range(8):
+        z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(y[j]), y[j + 8], 1)
+    for j in range(4):
+        t[2 * j] = _mm512_unpacklo_epi32(z[2 * j], z[2 * j + 1])
+        t[2 * j + 1] = _mm512_unpackhi_epi32(z[2 * j], z[2 * j + 1])
+    for k in range(4):  # u: rows 0-3 | 8-11, columns k, k + 4; v: rows 4-7 | 12-15
+        if k % 2 == 0:
+            u = _mm512_unpacklo_epi64(t[k // 2], t[k // 2 + 2])
+            v = _mm512_unpacklo_epi64(t[k // 2 + 4], t[k // 2 + 6])
+        else:
+            u = _mm512_unpackhi_epi64(t[k // 2], t[k // 2 + 2])
+            v = _mm512_unpackhi_epi64(t[k // 2 + 4], t[k // 2 + 6])
+        _mm512_storeu_si512(dst + 64 * k, _mm512_xor_si512(_mm512_permutex2var_epi64(u, first, v), flip))
+        _mm512_storeu_si512(dst + 64 * (k + 4), _mm512_xor_si512(_mm512_permutex2var_epi64(u, second, v), flip))
+
+
+cdef void _pack_panel(uint8_t* panel, const QMatrix* w, Py_ssize_t r0, Py_ssize_t block_bytes) noexcept nogil:
+    """Rows r0 .. r0 + 15 of w as a panel (the layout above); rows past the
+    last are copies of it."""
+    cdef Py_ssize_t nb = w.cols // 32, b, i, r
+    cdef Py_ssize_t row_bytes, rb = 0
+    cdef bint offset = _panel_offset(w), sub16 = _panel_record(w) == 16
+    cdef __m256i y[16]
+    cdef __m256i m15 = _mm256_set1_epi8(15)
+    cdef uint16_t d16[16]
+    cdef const uint8_t* rows[16]
+    cdef Py_ssize_t row_of[16]
+    cdef const uint8_t* p
+    cdef const float* ab
+    cdef float* sc
+    cdef uint8_t* dst
+    if w.layout == QLAYOUT_I8_TENSOR:
+        row_bytes = w.cols
+    elif w.layout == QLAYOUT_Q8_0:
+        row_bytes = nb * Q8_0_BYTES
+    elif w.layout == QLAYOUT_Q4_K:
+        row_bytes = w.cols // Q4_K_BLOCK * Q4_K_BYTES
+    else:
+        row_bytes = _affine_row_bytes(w)
+        rb = w.sub + 4 + (4 if w.has_offset else 0)
+    for i in range(PANEL_ROWS):
+        r = min(r0 + i, w.rows - 1)
+        row_of[i] = r
+        rows[i] = (<const uint8_t*> w.q if w.layout == QLAYOUT_I8_TENSOR else w.blocks) + r * row_bytes
+    for b in range(nb):
+        dst = panel + b * block_bytes
+        sc = <float*> (dst + PANEL_LEVEL_BYTES)
+        for i in range(PANEL_ROWS):
+            if w.layout == QLAYOUT_I8_TENSOR:
+                y[i] = _mm256_loadu_si256(<const __m256i*> (rows[i] + 32 * b))
+                sc[i] = 1  # s = f32(1 * xd) = xd; the tensor's scale comes after the sum
+            elif w.layout == QLAYOUT_Q8_0:
+                p = rows[i] + b * Q8_0_BYTES
+                y[i] = _mm256_loadu_si256(<const __m256i*> (p + 2))
+                d16[i] = _load_u16(p)
+            elif w.layout == QLAYOUT_Q4_K:  # sub-block b: the low or high nibbles of 32 bytes
+                p = rows[i] + b // 8 * Q4_K_BYTES + 16 + 32 * (b % 8 // 2)
+                y[i] = _mm256_loadu_si256(<const __m256i*> p)
+                if b % 2:
+                    y[i] = _mm256_srli_epi16(y[i], 4)
+                y[i] = _mm256_and_si256(y[i], m15)
+                ab = w.ab + (row_of[i] * nb + b) * 2
+                sc[i] = ab[0]
+                sc[16 + i] = ab[1]
+            elif sub16:  # two records
+                p = rows[i] + 2 * b * rb
+                y[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*> p)),
+                                               _mm_loadu_si128(<const __m128i*> (p + rb)), 1)
+                sc[i] = _load_f32(p + 16)
+                sc[16 + i] = _load_f32(p + rb + 16)
+                if offset:
+                    sc[32 + i] = _load_f32(p + 20)
+                    sc[48 + i] = _load_f32(p + rb + 20)
+            else:
+                p = rows[i] + b * rb
+                y[i] = _mm256_loadu_si256(<const __m256i*> p)
+                sc[i] = _load_f32(p + 32)
+                if offset:
+                    sc[16 + i] = _load_f32(p + 36)
+        if w.layout == QLAYOUT_Q8_0:
+            _mm512_storeu_ps(sc, _mm512_cvtph_ps(_mm256_loadu_si256(<const __m256i*> d16)))  # exact: every f16 is an f32
+        _pack_levels(dst, y)
+
+
+cdef void _panel_activations(PanelBlock* acts, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
+                             Py_ssize_t n_pad, Py_ssize_t cols, Py_ssize_t size) noexcept nogil:
+    """acts[b * n_pad + t] = block b of position t (PanelBlock), positions
+    n_tokens .. n_pad - 1 all zeros (computed with the rest, never stored)."""
+    cdef Py_ssize_t nb = cols // 32, b, t, h, i
+    cdef int32_t total
+    cdef PanelBlock* blk
+    memset(acts, 0, nb * n_pad * sizeof(PanelBlock))
+    for t in range(n_tokens):
+        for b in range(nb):
+            blk = acts + b * n_pad + t
+            memcpy(blk.xq, xq + t * cols + 32 * b, 32)
+            blk.xd = xd[t * nb + b]
+            for h in range(32 // size):
+                total = 0
+                for i in range(h * size, (h + 1) * size):
+                    total += blk.xq[i]
+                blk.bias[h] = -128 * total
+                blk.qsum[h] = total
+
+
+cdef inline __m512i _isum(const __m512i* w, Py_ssize_t n, const int8_t* x, int32_t bias) noexcept nogil:
+    """The 16 rows' exact sums of q * x over 4 n values: vpdpbusd of the
+    panel vectors w[0 .. n - 1] with each dword of x broadcast."""
+    cdef __m512i acc = _mm512_set1_epi32(bias)
+    cdef Py_ssize_t k
+    for k in range(n):
+        acc = _mm512_dpbusd_epi32(acc, w[k], _mm512_set1_epi32(_load_i32(x + 4 * k)))
+    return acc
+
+
+cdef inline __m256 _upper8(__m512 v) noexcept nogil:
+    return _mm512_castps512_ps256(_mm512_shuffle_f32x4(v, v, 0xEE))
+
+
+cdef inline void _add_term(__m512d* lo, __m512d* hi, __m512i isum, __m512 a, float xd) noexcept nogil:
+    """acc += f64(isum) * f64(f32(a * xd)), 16 rows in two f64 halves (the
+    product is exact: the FMA rounds once, as the GEMV's add)."""
+    cdef __m512 s = _mm512_mul_ps(a, _mm512_set1_ps(xd))
+    lo[0] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(isum)),
+                            _mm512_cvtps_pd(_mm512_castps512_ps256(s)), lo[0])
+    hi[0] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(isum, 1)), _mm512_cvtps_pd(_upper8(s)),
+                            hi[0])
+
+
+cdef inline void _sub_offset(__m512d* lo, __m512d* hi, __m512 b, float xd, double qsum) noexcept nogil:
+    """acc -= f64(qsum) * f64(f32(b * xd)) (exact product, one rounding)."""
+    cdef __m512 s = _mm512_mul_ps(b, _mm512_set1_ps(xd))
+    cdef __m512d q = _mm512_set1_pd(qsum)
+    lo[0] = _mm512_fnmadd_pd(q, _mm512_cvtps_pd(_mm512_castps512_ps256(s)), lo[0])
+    hi[0] = _mm512_fnmadd_pd(q, _mm512_cvtps_pd(_upper8(s)), hi[0])
+
+
+cdef inline void _position_block(__m512d* lo, __m512d* hi, const __m512i* wv, __m512 a0, __m512 a1, __m512 b0,
+                                 __m512 b1, bint sub16, bint offset, const PanelBlock* x) noexcept nogil:
+    """One position's terms of one block for the panel's 16 rows, in order:
+    record 0 (a0, b0), then for records of 16 record 1 (a1, b1)."""
+    if sub16:
+        _add_term(lo, hi, _isum(wv, 4, x.xq, x.bias[0]), a0, x.xd)
+        if offset:
+            _sub_offset(lo, hi, b0, x.xd, x.qsum[0])
+        _add_term(lo, hi, _isum(wv + 4, 4, x.xq + 16, x.bias[1]), a1, x.xd)
+        if offset:
+            _sub_offset(lo, hi, b1, x.xd, x.qsum[1])
+    else:
+        _add_term(lo, hi, _isum(wv, 8, x.xq, x.bias[0]), a0, x.xd)
+        if offset:
+            _sub_offset(lo, hi, b0, x.xd, x.qsum[0])
+
+
+cdef void _panel_positions(float* res, const uint8_t* panel, Py_ssize_t nb, Py_ssize_t block_bytes,
+                           bint sub16, bint offset, const PanelBlock* acts, Py_ssize_t n_pad, bint scaled,
+                           double scale) noexcept nogil:
+    """res[16 j + i] = the q8 product of panel row i and position j < 4
+    (acts[b * n_pad + j], block b): the f64 sum block after block, times
+    scale when scaled (int8 rows), rounded once to f32. The four positions'
+    sums are eight named registers (an array here would live in memory)."""
+    cdef __m512d f0 = _mm512_setzero_pd(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0
+    cdef __m512i wv[8]
+    cdef __m512 a0, a1 = _mm512_setzero_ps(), b0 = a1, b1 = a1
+    cdef Py_ssize_t b, k
+    cdef const uint8_t* p
+    for b in range(nb):
+        p = panel + b * block_bytes
+        for k in range(8):
+            wv[k] = _mm512_loadu_si512(p + 64 * k)
+        a0 = _mm512_loadu_ps(p + PANEL_LEVEL_BYTES)
+        if sub16:
+            a1 = _mm512_loadu_ps(p + PANEL_LEVEL_BYTES + 64)
+            if offset:
+                b0 = _mm512_loadu_ps(p + PANEL_LEVEL_BYTES + 128)
+                b1 = _mm512_loadu_ps(p + PANEL_LEVEL_BYTES + 192)
+        elif offset:
+            b0 = _mm512_loadu_ps(p + PANEL_LEVEL_BYTES + 64)
+        _position_block(&f0, &f1, wv, a0, a1, b0, b1, sub16, offset, acts)
+        _position_block(&f2, &f3, wv, a0, a1, b0, b1, sub16, offset, acts + 1)
+        _position_block(&f4, &f5, wv, a0, a1, b0, b1, sub16, offset, acts + 2)
+        _position_block(&f6, &f7, wv, a0, a1, b0, b1, sub16, offset, acts + 3)
+        acts += n_pad
+    if scaled:
+        f0 = _mm512_mul_pd(f0, _mm512_set1_pd(scale))
+        f1 = _mm512_mul_pd(f1, _mm512_set1_pd(scale))
+        f2 = _mm512_mul_pd(f2, _mm512_set1_pd(scale))
+        f3 = _mm512_mul_pd(f3, _mm512_set1_pd(scale))
+        f4 = _mm512_mul_pd(f4, _mm512_set1_pd(scale))
+        f5 = _mm512_mul_pd(f5, _mm512_set1_pd(scale))
+        f6 = _mm512_mul_pd(f6, _mm512_set1_pd(scale))
+        f7 = _mm512_mul_pd(f7, _mm512_set1_pd(scale))
+    _mm256_storeu_ps(res, _mm512_cvtpd_ps(f0))
+    _mm256_storeu_ps(res + 8, _mm512_cvtpd_ps(f1))
+    _mm256_storeu_ps(res + 16, _mm512_cvtpd_ps(f2))
+    _mm256_storeu_ps(res + 24, _mm512_cvtpd_ps(f3))
+    _mm256_storeu_ps(res + 32, _mm512_cvtpd_ps(f4))
+    _mm256_storeu_ps(res + 40, _mm512_cvtpd_ps(f5))
+    _mm256_storeu_ps(res + 48, _mm512_cvtpd_ps(f6))
+    _mm256_storeu_ps(res + 56, _mm512_cvtpd_ps(f7))
+
+
+cdef void _gemm_q8_panels(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
+                          uint8_t* scratch) noexcept nogil:
+    """k_gemm_q8 by panels of 16 rows (the layout above), every position of
+    the call against one panel before the next is packed; scratch:
+    _gemm_q8_scratch_bytes(w.cols, n_tokens) bytes."""
+    cdef Py_ssize_t rows = w.rows, nb = w.cols // 32, size = _panel_record(w), r0, n, t, j
+    cdef Py_ssize_t n_pad = (n_tokens + PANEL_POSITIONS - 1) // PANEL_POSITIONS * PANEL_POSITIONS
+    cdef bint offset = _panel_offset(w), sub16 = size == 16, scaled = w.layout == QLAYOUT_I8_TENSOR
+    cdef Py_ssize_t block_bytes = PANEL_LEVEL_BYTES + 64 * (32 // size) * (2 if offset else 1)
+    cdef uint8_t* panel = <uint8_t*> ((<size_t> scratch + 63) & ~(<size_t> 63))
+    cdef PanelBlock* acts = <PanelBlock*> (panel + nb * PANEL_MAX_BLOCK_BYTES)
+    cdef float res[PANEL_POSITIONS * PANEL_ROWS]
+    _panel_activations(acts, xq, xd, n_tokens, n_pad, w.cols, size)
+    r0 = 0
+    while r0 < rows:
+        n = min(<Py_ssize_t> PANEL_ROWS, rows - r0)
+        _pack_panel(panel, w, r0, block_bytes)
+        t = 0
+        while t < n_tokens:
+            _panel_positions(res, panel, nb, block_bytes, sub16, offset, acts + t, n_pad, scaled,
+                             w.scale if scaled else 1.0)
+            for j in range(min(<Py_ssize_t> PANEL_POSITIONS, n_tokens - t)):
+                memcpy(out + (t + j) * rows + r0, res + j * PANEL_ROWS, n * sizeof(float))
+            t += PANEL_POSITIONS
+        r0 += PANEL_ROWS
+
+
+cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
+                   float* scratch) noexcept nogil:
+    """The avx512 module's k_gemm_q8: panels for a block of positions (a
+    Q5_0 matrix a tile of rows at a time converted to Q8_0, _gemm_converted);
+    one position (decode: rows streamed from DRAM) row after row."""
+    if w.layout == QLAYOUT_Q5_0 and n_tokens >= 2 and scratch != NULL:
+        _gemm_converted(out, w, NULL, xq, xd, n_tokens, scratch)
+    elif n_tokens < 2 or scratch == NULL or w.layout == QLAYOUT_F32:
+        _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
+    else:
+        _gemm_q8_panels(out, w, xq, xd, n_tokens, <uint8_t*> scratch)
