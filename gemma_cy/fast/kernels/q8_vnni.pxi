@@ -34,6 +34,18 @@
 
 from libc.string cimport memset
 
+cdef extern from *:
+    """
+    #include <immintrin.h>
+    /* vpdpbusd with the activation dword as an embedded broadcast memory
+       operand ({1to16}): gcc does not fold _mm512_set1_epi32(load) into it. */
+    static inline __m512i gcy_dpbusd_bcst(__m512i acc, __m512i w, const void *x) {
+        __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int *)x));
+        return acc;
+    }
+    """
+    __m512i gcy_dpbusd_bcst(__m512i acc, __m512i w, const void* x) nogil
+
 cdef extern from "immintrin.h" nogil:
     ctypedef struct __m256i:
         pass
@@ -56,7 +68,6 @@ cdef extern from "immintrin.h" nogil:
     __m512i _mm512_set_epi64(long long e7, long long e6, long long e5, long long e4, long long e3,
                              long long e2, long long e1, long long e0)
     __m512i _mm512_xor_si512(__m512i a, __m512i b)
-    __m512 _mm512_cvtph_ps(__m256i a)
     __m512d _mm512_cvtepi32_pd(__m256i a)
     __m512d _mm512_cvtps_pd(__m256 a)
     __m256 _mm512_castps512_ps256(__m512 a)
@@ -144,55 +155,78 @@ cdef inline void _pack_levels(uint8_t* dst, const __m256i* y) noexcept nogil:
         _mm512_storeu_si512(dst + 64 * (k + 4), _mm512_xor_si512(_mm512_permutex2var_epi64(u, second, v), flip))
 
 
+cdef inline Py_ssize_t _panel_row_bytes(const QMatrix* w) noexcept nogil:
+    """Bytes of one row of w as stored (any layout the q8 mode runs)."""
+    if w.layout == QLAYOUT_I8_TENSOR:
+        return w.cols
+    if w.layout == QLAYOUT_Q8_0:
+        return w.cols // 32 * Q8_0_BYTES
+    if w.layout == QLAYOUT_Q4_K:
+        return w.cols // Q4_K_BLOCK * Q4_K_BYTES
+    return _affine_row_bytes(w)
+
+
+cdef inline const uint8_t* _panel_row(const QMatrix* w, Py_ssize_t r) noexcept nogil:
+    """Row r of w as stored."""
+    return (<const uint8_t*> w.q if w.layout == QLAYOUT_I8_TENSOR else w.blocks) + r * _panel_row_bytes(w)
+
+
+cdef void _prefetch_panel(const QMatrix* w, Py_ssize_t r0) noexcept nogil:
+    """Hints for every line of rows r0 .. r0 + 15 (and their Q4_K a, b): the
+    next panel, read from DRAM while this one is multiplied."""
+    cdef Py_ssize_t row_bytes = _panel_row_bytes(w), r, at
+    cdef const uint8_t* row
+    for r in range(r0, min(r0 + PANEL_ROWS, w.rows)):
+        row = _panel_row(w, r)
+        for at in range(0, row_bytes, 64):
+            __builtin_prefetch(row + at)
+        if w.layout == QLAYOUT_Q4_K:
+            for at in range(0, w.cols // 32 * 2, 16):
+                __builtin_prefetch(w.ab + r * (w.cols // 32) * 2 + at)
+
+
 cdef void _pack_panel(uint8_t* panel, const QMatrix* w, Py_ssize_t r0, Py_ssize_t block_bytes) noexcept nogil:
     """Rows r0 .. r0 + 15 of w as a panel (the layout above); rows past the
     last are copies of it."""
     cdef Py_ssize_t nb = w.cols // 32, b, i, r
-    cdef Py_ssize_t row_bytes, rb = 0
-    cdef bint offset = _panel_offset(w), sub16 = _panel_record(w) == 16
+    cdef Py_ssize_t rb = w.sub + 4 + (4 if w.has_offset else 0)
+    cdef bint offset = _panel_offset(w)
     cdef __m256i y[16]
     cdef __m256i m15 = _mm256_set1_epi8(15)
-    cdef uint16_t d16[16]
-    cdef const uint8_t* rows[16]
     cdef Py_ssize_t row_of[16]
+    cdef const uint8_t* rows[16]
     cdef const uint8_t* p
     cdef const float* ab
     cdef float* sc
     cdef uint8_t* dst
-    if w.layout == QLAYOUT_I8_TENSOR:
-        row_bytes = w.cols
-    elif w.layout == QLAYOUT_Q8_0:
-        row_bytes = nb * Q8_0_BYTES
-    elif w.layout == QLAYOUT_Q4_K:
-        row_bytes = w.cols // Q4_K_BLOCK * Q4_K_BYTES
-    else:
-        row_bytes = _affine_row_bytes(w)
-        rb = w.sub + 4 + (4 if w.has_offset else 0)
     for i in range(PANEL_ROWS):
         r = min(r0 + i, w.rows - 1)
         row_of[i] = r
-        rows[i] = (<const uint8_t*> w.q if w.layout == QLAYOUT_I8_TENSOR else w.blocks) + r * row_bytes
+        rows[i] = _panel_row(w, r)
     for b in range(nb):
         dst = panel + b * block_bytes
         sc = <float*> (dst + PANEL_LEVEL_BYTES)
-        for i in range(PANEL_ROWS):
-            if w.layout == QLAYOUT_I8_TENSOR:
+        if w.layout == QLAYOUT_I8_TENSOR:
+            for i in range(PANEL_ROWS):
                 y[i] = _mm256_loadu_si256(<const __m256i*> (rows[i] + 32 * b))
-                sc[i] = 1  # s = f32(1 * xd) = xd; the tensor's scale comes after the sum
-            elif w.layout == QLAYOUT_Q8_0:
+            _mm512_storeu_ps(sc, _mm512_set1_ps(1))  # s = f32(1 * xd) = xd; the tensor's scale comes after the sum
+        elif w.layout == QLAYOUT_Q8_0:
+            for i in range(PANEL_ROWS):
                 p = rows[i] + b * Q8_0_BYTES
                 y[i] = _mm256_loadu_si256(<const __m256i*> (p + 2))
-                d16[i] = _load_u16(p)
-            elif w.layout == QLAYOUT_Q4_K:  # sub-block b: the low or high nibbles of 32 bytes
-                p = rows[i] + b // 8 * Q4_K_BYTES + 16 + 32 * (b % 8 // 2)
-                y[i] = _mm256_loadu_si256(<const __m256i*> p)
+                sc[i] = _cvtsh_ss(_load_u16(p))  # f32(d): exact, every f16 is an f32
+        elif w.layout == QLAYOUT_Q4_K:  # sub-block b: the low or high nibbles of 32 bytes
+            for i in range(PANEL_ROWS):
+                y[i] = _mm256_loadu_si256(<const __m256i*> (rows[i] + b // 8 * Q4_K_BYTES + 16 + 32 * (b % 8 // 2)))
                 if b % 2:
                     y[i] = _mm256_srli_epi16(y[i], 4)
                 y[i] = _mm256_and_si256(y[i], m15)
+            for i in range(PANEL_ROWS):
                 ab = w.ab + (row_of[i] * nb + b) * 2
                 sc[i] = ab[0]
                 sc[16 + i] = ab[1]
-            elif sub16:  # two records
+        elif _panel_record(w) == 16:  # two records
+            for i in range(PANEL_ROWS):
                 p = rows[i] + 2 * b * rb
                 y[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*> p)),
                                                _mm_loadu_si128(<const __m128i*> (p + rb)), 1)
@@ -201,14 +235,13 @@ cdef void _pack_panel(uint8_t* panel, const QMatrix* w, Py_ssize_t r0, Py_ssize_
                 if offset:
                     sc[32 + i] = _load_f32(p + 20)
                     sc[48 + i] = _load_f32(p + rb + 20)
-            else:
+        else:
+            for i in range(PANEL_ROWS):
                 p = rows[i] + b * rb
                 y[i] = _mm256_loadu_si256(<const __m256i*> p)
                 sc[i] = _load_f32(p + 32)
                 if offset:
                     sc[16 + i] = _load_f32(p + 36)
-        if w.layout == QLAYOUT_Q8_0:
-            _mm512_storeu_ps(sc, _mm512_cvtph_ps(_mm256_loadu_si256(<const __m256i*> d16)))  # exact: every f16 is an f32
         _pack_levels(dst, y)
 
 
@@ -239,7 +272,7 @@ cdef inline __m512i _isum(const __m512i* w, Py_ssize_t n, const int8_t* x, int32
     cdef __m512i acc = _mm512_set1_epi32(bias)
     cdef Py_ssize_t k
     for k in range(n):
-        acc = _mm512_dpbusd_epi32(acc, w[k], _mm512_set1_epi32(_load_i32(x + 4 * k)))
+        acc = gcy_dpbusd_bcst(acc, w[k], x + 4 * k)
     return acc
 
 
@@ -347,6 +380,8 @@ cdef void _gemm_q8_panels(float* out, const QMatrix* w, const int8_t* xq, const 
     while r0 < rows:
         n = min(<Py_ssize_t> PANEL_ROWS, rows - r0)
         _pack_panel(panel, w, r0, block_bytes)
+        if not w.resident:
+            _prefetch_panel(w, r0 + PANEL_ROWS)
         t = 0
         while t < n_tokens:
             _panel_positions(res, panel, nb, block_bytes, sub16, offset, acts + t, n_pad, scaled,
