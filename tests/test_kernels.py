@@ -860,3 +860,18 @@ def test_only_modules_tested_on_their_hardware_are_chosen_automatically():
     with pytest.raises(ImportError, match="no tested kernel module"):
         ops.choose("", ["neon"])
     assert ops.ISA == (os.environ.get("GEMMA_CY_SIMD") or ops.choose("", ops.available()))
+
+
+def test_avx512_without_vnni_runs_the_avx2_module(monkeypatch):
+    """The avx512 module is built with -mavx512vnni (its q8 GEMM), so a CPU
+    with AVX-512 F/BW/VL but no VNNI (Skylake-SP) must not pick it:
+    ops.REQUIRES, docs/architecture.md#isa-dispatch."""
+    features = {"avx2": True, "avx512": True, "vnni": False, "neon": False}
+    monkeypatch.setattr(ops, "supported", lambda: features)
+    monkeypatch.setattr(ops, "_built", lambda name: name != "neon")
+    assert ops.available() == ["avx2", "generic"]
+    assert ops.choose("", ops.available()) == "avx2"
+    with pytest.raises(ValueError, match="cannot run the avx512 kernels"):
+        ops.module_for("avx512")
+    features["vnni"] = True
+    assert ops.choose("", ops.available()) == "avx512"
