@@ -392,14 +392,21 @@ cdef void _gemm_q8_panels(float* out, const QMatrix* w, const int8_t* xq, const 
         r0 += PANEL_ROWS
 
 
+cdef inline bint _panel_layout(const QMatrix* w) noexcept nogil:
+    """True for the layouts _pack_panel reads."""
+    return (w.layout == QLAYOUT_I8_TENSOR or w.layout == QLAYOUT_Q8_0 or w.layout == QLAYOUT_AFFINE
+            or w.layout == QLAYOUT_Q4_K)
+
+
 cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
                    float* scratch) noexcept nogil:
     """The avx512 module's k_gemm_q8: panels for a block of positions (a
     Q5_0 matrix a tile of rows at a time converted to Q8_0, _gemm_converted);
-    one position (decode: rows streamed from DRAM) row after row."""
+    one position (decode: rows streamed from DRAM) row after row, and so is
+    any other layout _pack_panel does not read."""
     if w.layout == QLAYOUT_Q5_0 and n_tokens >= 2 and scratch != NULL:
         _gemm_converted(out, w, NULL, xq, xd, n_tokens, scratch)
-    elif n_tokens < 2 or scratch == NULL or w.layout == QLAYOUT_F32:
+    elif n_tokens < 2 or scratch == NULL or not _panel_layout(w):
         _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
     else:
         _gemm_q8_panels(out, w, xq, xd, n_tokens, <uint8_t*> scratch)
