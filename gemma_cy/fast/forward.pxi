@@ -413,18 +413,25 @@ cdef class FastModel:
         self.rope_bases[0] = c.rope_base
         self.rope_bases[1] = c.rope_base if c.rope_base_local is None else c.rope_base_local
 
-        cdef bint resident = sum(_matrix_bytes(t) for t in weights.tensors.values()) <= RESIDENT_MODEL_BYTES
+        tensors = weights.tensors
+        if self.act_q8:
+            # The q8 mode's decode GEMV reads Q8_0 blocks; a Q5_0 matrix read
+            # as stored was converted a tile of rows at a time on every step
+            # (Gemma 3 decoded 30 tok/s in q8 mode against ~50): laid out as
+            # Q8_0 once here instead, the same weights (docs/numerics.md).
+            tensors = {name: t.q8_0() if isinstance(t, Q5_0Tensor) else t for name, t in tensors.items()}
+        cdef bint resident = sum(_matrix_bytes(t) for t in tensors.values()) <= RESIDENT_MODEL_BYTES
         # the matrices a decode step streams, in its order, copied out of the
         # file's map into one arena of 2 MiB pages (gemma_cy/fast/arena.py)
         head = "embed_tokens" if c.tied_embeddings else "lm_head"
-        packed, arena = pack_matrices(weights.tensors, [f"layers.{layer}.{name}" for layer in range(c.n_layers)
-                                                        for name in LAYER_MATRICES] + [head])
+        packed, arena = pack_matrices(tensors, [f"layers.{layer}.{name}" for layer in range(c.n_layers)
+                                                for name in LAYER_MATRICES] + [head])
         keep.append(arena)
-        matrix = lambda name: packed[name] if name in packed else weights[name]
-        scratch = _convert_scratch(weights.tensors.values(), BLOCK)
+        matrix = lambda name: packed[name] if name in packed else tensors[name]
+        scratch = _convert_scratch(tensors.values(), BLOCK)
         self.embed_tokens = _qmatrix(matrix("embed_tokens"), keep, resident, scratch, BLOCK)
         if c.position_table:
-            self.embed_positions = _qmatrix(weights["embed_positions"], keep, resident, scratch, BLOCK)
+            self.embed_positions = _qmatrix(matrix("embed_positions"), keep, resident, scratch, BLOCK)
         self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(matrix("lm_head"), keep, resident,
                                                                             scratch, BLOCK)
         self.final_gain = _gain(weights["final_norm"], keep)
