@@ -21,6 +21,8 @@
 # (-16..15: exact, as _widen16's conversion); then f32(level) * f32(d) per
 # 16, as for Q8_0, so a Q5_0 matrix gives its Q8_0 conversion's bits.
 
+from libc.math cimport fmaf
+
 cdef extern from "immintrin.h" nogil:
     ctypedef struct __m128i:
         pass
@@ -368,13 +370,58 @@ cdef inline void _dots(float* out, const QMatrix* w, Py_ssize_t r, Py_ssize_t n_
                                                        w.sub, w.has_offset)
 
 
-cdef inline void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
-                          Py_ssize_t n) noexcept nogil:
-    _scores8_portable(out, q, keys, key_stride, n)
+cdef inline float _sum16(__m512 a) noexcept nogil:
+    """The 16 lanes of a summed as _sum8(lanes 0-7) + _sum8(lanes 8-15)."""
+    cdef float lanes[16]
+    _mm512_storeu_ps(lanes, a)
+    return _sum8(lanes) + _sum8(lanes + 8)
 
 
-cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
-    return _score_portable(q, key, n)
+cdef void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
+                   Py_ssize_t n) noexcept nogil:
+    """k_scores for 8 keys (_score bit for bit: one 16-lane FMA chain per key
+    over the whole 16s, _sum16, then the tail by FMAs in order), each 16
+    query values loaded once for the 8 keys."""
+    cdef __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0
+    cdef __m512 qv
+    cdef Py_ssize_t j = 0, k, i
+    cdef float s
+    while j + 16 <= n:
+        qv = _mm512_loadu_ps(q + j)
+        a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + j), a0)
+        a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + key_stride + j), a1)
+        a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + 2 * key_stride + j), a2)
+        a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + 3 * key_stride + j), a3)
+        a4 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + 4 * key_stride + j), a4)
+        a5 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + 5 * key_stride + j), a5)
+        a6 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + 6 * key_stride + j), a6)
+        a7 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + 7 * key_stride + j), a7)
+        j += 16
+    out[0] = _sum16(a0); out[1] = _sum16(a1); out[2] = _sum16(a2); out[3] = _sum16(a3)
+    out[4] = _sum16(a4); out[5] = _sum16(a5); out[6] = _sum16(a6); out[7] = _sum16(a7)
+    if j < n:
+        for k in range(8):
+            s = out[k]
+            for i in range(j, n):
+                s = fmaf(q[i], keys[k * key_stride + i], s)
+            out[k] = s
+
+
+cdef float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil:
+    """One score of k_scores, _scores8's bits for one key: a 16-lane FMA chain
+    over the whole 16s, _sum16, then the tail by explicit FMAs (not left to
+    the compiler, which runs this module with -ffp-contract=off)."""
+    cdef __m512 a = _mm512_setzero_ps()
+    cdef Py_ssize_t j = 0
+    cdef float s
+    while j + 16 <= n:
+        a = _mm512_fmadd_ps(_mm512_loadu_ps(q + j), _mm512_loadu_ps(key + j), a)
+        j += 16
+    s = _sum16(a)
+    while j < n:
+        s = fmaf(q[j], key[j], s)
+        j += 1
+    return s
 
 
 # k_dot_affine (see kernels/common.pxi): per 16 values, the exact weights
