@@ -453,7 +453,10 @@ cdef inline bint _gemm_takes_q5_0() noexcept nogil:
 
 cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
                    float* scratch) noexcept nogil:
-    _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
+    if w.layout == QLAYOUT_Q4_K and n_tokens == 1:
+        _gemv_q4_k_q8(out, w, xq, xd)
+    else:
+        _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
 
 
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,

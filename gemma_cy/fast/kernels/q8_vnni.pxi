@@ -402,9 +402,12 @@ cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* 
                    float* scratch) noexcept nogil:
     """The avx512 module's k_gemm_q8: panels for a block of positions (a
     Q5_0 matrix a tile of rows at a time converted to Q8_0, _gemm_converted);
-    one position (decode: rows streamed from DRAM) row after row, and so is
-    any other layout _pack_panel does not read."""
-    if w.layout == QLAYOUT_Q5_0 and n_tokens >= 2 and scratch != NULL:
+    one position (decode: rows streamed from DRAM) row after row (a Q4_K
+    matrix as stored, _gemv_q4_k_q8), and so is any other layout
+    _pack_panel does not read."""
+    if w.layout == QLAYOUT_Q4_K and n_tokens == 1:
+        _gemv_q4_k_q8(out, w, xq, xd)
+    elif w.layout == QLAYOUT_Q5_0 and n_tokens >= 2 and scratch != NULL:
         _gemm_converted(out, w, NULL, xq, xd, n_tokens, scratch)
     elif n_tokens < 2 or scratch == NULL or not _panel_layout(w):
         _gemm_q8_by_rows(out, w, xq, xd, n_tokens)

@@ -14,7 +14,10 @@
 # bit (api.pxi). One position (decode, k_dot_*_q8): one row at a time, its
 # blocks reduced four at a time by the same hadds and their terms added in
 # block order (rows streamed from DRAM four at once ran at ~4.6 GB/s: Gemma
-# 3 decoded 15-16 tok/s in q8 mode against 25-28 row by row).
+# 3 decoded 15-16 tok/s in q8 mode against 25-28 row by row). Affine
+# records of 16 (Q6_K...) pair up in one register per activation block
+# (_dot_affine16_q8); a Q4_K row is read as stored at decode, two nibble
+# sub-blocks per 32 bytes (_dot_q4_k_q8), no tile converted per call.
 
 # The intrinsics are declared under q8_ names (C names in quotes) so that
 # this file can sit next to either module's own declarations.
@@ -76,6 +79,11 @@ cdef extern from "immintrin.h" nogil:
     void q8_storeu_ps "_mm256_storeu_ps"(float* p, q8_m256 a)
     void q8_storeu_pd "_mm256_storeu_pd"(double* p, q8_m256d a)
     float q8_cvtsh_ss "_cvtsh_ss"(unsigned short h)
+    q8_m128i q8_loadu_si128 "_mm_loadu_si128"(const void* p)
+    q8_m256i q8_castsi128_si256 "_mm256_castsi128_si256"(q8_m128i a)
+    q8_m256i q8_inserti128_si256 "_mm256_inserti128_si256"(q8_m256i a, q8_m128i b, int imm)
+    q8_m256i q8_set1_epi8 "_mm256_set1_epi8"(char a)
+    q8_m256i q8_srli_epi16 "_mm256_srli_epi16"(q8_m256i a, int imm)
 
 
 cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks) noexcept nogil:
@@ -247,21 +255,12 @@ cdef inline int32_t _hsum_epi32(q8_m256i v) noexcept nogil:
     return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 
 
-cdef inline int32_t _qsum32(const int8_t* x) noexcept nogil:
-    """sum of 32 int8 (exact)."""
-    cdef int32_t s = 0
-    cdef Py_ssize_t i
-    for i in range(32):
-        s += x[i]
-    return s
-
-
 cdef float _dot_affine32_q8(const uint8_t* rec, const int8_t* xq, const float* xd, Py_ssize_t cols,
                             bint has_offset) noexcept nogil:
     """k_dot_affine_q8 for records of 32 values (Q4_1, Q5_1, Q4_K, Q5_K):
     each record's exact integer sums by maddubs/madd, then the f64 terms in
     the portable loop's order (kernels/common.pxi), so the same number."""
-    cdef q8_m256i ones = q8_set1_epi16(1), xv
+    cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1), xv
     cdef double acc = 0
     cdef int32_t isum, qsum
     cdef float d
@@ -272,10 +271,91 @@ cdef float _dot_affine32_q8(const uint8_t* rec, const int8_t* xq, const float* x
         isum = _hsum_epi32(_isum8_q8(<const int8_t*> rec, xv, ones))
         acc += <double> isum * <double> (_load_f32(rec + 32) * d)
         if has_offset:
-            qsum = _qsum32(xq + 32 * b)
+            qsum = _hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(unit, xv), ones))
             acc -= <double> qsum * <double> (_load_f32(rec + 36) * d)
         rec += rb
     return <float> acc
+
+
+cdef inline q8_m256i _record_pair_sums(q8_m256i v, q8_m256i ones) noexcept nogil:
+    """The int16 pair sums v (16 of them, record 0 in the low 128-bit lane,
+    record 1 in the high) as int32 sums of each lane: lane 0 holds record
+    0's, lane 4 record 1's (exact integers)."""
+    v = q8_madd_epi16(v, ones)
+    v = q8_hadd_epi32(v, v)
+    return q8_hadd_epi32(v, v)
+
+
+cdef float _dot_affine16_q8(const uint8_t* rec, const int8_t* xq, const float* xd, Py_ssize_t cols,
+                            bint has_offset) noexcept nogil:
+    """k_dot_affine_q8 for records of 16 values (Q6_K, Q2_K, Q3_K): the two
+    records of each block of 32 activations side by side in one register,
+    their exact integer sums (and, with an offset, sum xq over each) by
+    maddubs/madd, then the f64 terms in the portable loop's order
+    (kernels/common.pxi), so the same number."""
+    cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1), xv, wv, isums, qsums
+    cdef double acc = 0
+    cdef int32_t isum[8]
+    cdef int32_t qsum[8]
+    cdef float d
+    cdef Py_ssize_t rb = 16 + 4 + (4 if has_offset else 0), b
+    for b in range(cols // 32):
+        xv = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
+        wv = q8_inserti128_si256(q8_castsi128_si256(q8_loadu_si128(rec)), q8_loadu_si128(rec + rb), 1)
+        isums = _record_pair_sums(q8_maddubs_epi16(q8_sign_epi8(wv, wv), q8_sign_epi8(xv, wv)), ones)
+        q8_storeu_si256(<q8_m256i*> isum, isums)
+        d = xd[b]
+        acc += <double> isum[0] * <double> (_load_f32(rec + 16) * d)
+        if has_offset:
+            qsums = _record_pair_sums(q8_maddubs_epi16(unit, xv), ones)
+            q8_storeu_si256(<q8_m256i*> qsum, qsums)
+            acc -= <double> qsum[0] * <double> (_load_f32(rec + 20) * d)
+        acc += <double> isum[4] * <double> (_load_f32(rec + rb + 16) * d)
+        if has_offset:
+            acc -= <double> qsum[4] * <double> (_load_f32(rec + rb + 20) * d)
+        rec += 2 * rb
+    return <float> acc
+
+
+cdef float _dot_q4_k_q8(const uint8_t* row, const float* ab, const int8_t* xq, const float* xd,
+                        Py_ssize_t cols) noexcept nogil:
+    """k_dot_affine_q8 of a Q4_K row read as stored: sub-blocks 2 j and
+    2 j + 1 are the low and high nibbles of the same 32 bytes, their a and b
+    the row's ab[4 j .. 4 j + 3] (the records _gemm_converted would make,
+    so the same terms in the same order). The levels are 0..15, so maddubs
+    takes them as they are, unsigned; the pair's two integer sums and two
+    sums of xq are reduced together (_isum_rows4)."""
+    cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1), m15 = q8_set1_epi8(15), x0, x1, y
+    cdef q8_m256d terms
+    cdef double acc = 0
+    cdef double t[4]
+    cdef float d0, d1
+    cdef Py_ssize_t b
+    for b in range(0, cols // 32, 2):
+        y = q8_loadu_si256(<const q8_m256i*> (row + b // 8 * Q4_K_BYTES + 16 + 16 * (b % 8)))
+        x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
+        x1 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b + 32))
+        d0 = xd[b]
+        d1 = xd[b + 1]
+        terms = q8_mul_pd(_isum_rows4(q8_madd_epi16(q8_maddubs_epi16(q8_and_si256(y, m15), x0), ones),
+                                      q8_madd_epi16(q8_maddubs_epi16(unit, x0), ones),
+                                      q8_madd_epi16(q8_maddubs_epi16(q8_and_si256(q8_srli_epi16(y, 4), m15), x1),
+                                                    ones),
+                                      q8_madd_epi16(q8_maddubs_epi16(unit, x1), ones)),
+                          q8_setr_pd(ab[2 * b] * d0, ab[2 * b + 1] * d0, ab[2 * b + 2] * d1, ab[2 * b + 3] * d1))
+        q8_storeu_pd(t, terms)  # each an exact product: isum a d, qsum b d of the two sub-blocks
+        acc = (((acc + t[0]) - t[1]) + t[2]) - t[3]
+    return <float> acc
+
+
+cdef void _gemv_q4_k_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd) noexcept nogil:
+    """One position (decode) of a Q4_K matrix in the q8 mode, row after row
+    as stored (_dot_q4_k_q8), prefetching ahead: no tile converted per call."""
+    cdef Py_ssize_t r, row_bytes = w.cols // Q4_K_BLOCK * Q4_K_BYTES, nb = w.cols // 32
+    for r in range(w.rows):
+        if not w.resident:
+            _prefetch_row(w.blocks + r * row_bytes, row_bytes)
+        out[r] = _dot_q4_k_q8(w.blocks + r * row_bytes, w.ab + r * nb * 2, xq, xd, w.cols)
 
 
 cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t n_rows,
@@ -286,10 +366,12 @@ cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t 
     cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, i
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES
     cdef float sums[4]
-    if w.layout == QLAYOUT_AFFINE:  # row by row; records of 16: the portable loop of kernels/common.pxi
+    if w.layout == QLAYOUT_AFFINE:  # row by row
         for i in range(n_rows):
             if w.sub == 32:
                 out[i] = _dot_affine32_q8(w.blocks + (row + i) * _affine_row_bytes(w), xq, xd, w.cols, w.has_offset)
+            elif w.sub == 16:
+                out[i] = _dot_affine16_q8(w.blocks + (row + i) * _affine_row_bytes(w), xq, xd, w.cols, w.has_offset)
             else:
                 out[i] = k_dot_affine_q8(w.blocks + (row + i) * _affine_row_bytes(w), xq, xd, w.cols, w.sub,
                                          w.has_offset)
