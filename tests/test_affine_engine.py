@@ -236,6 +236,27 @@ def test_q8_gemm_is_the_gemv_at_every_position(isa, kind, rows, cols):
     assert quantize_activations_q8(x[0])[0].min() == -127
 
 
+@ISA
+@pytest.mark.parametrize("name", [n for n in AFFINE_TYPES if GGML_TYPES[GGML_TYPE_IDS[n]].block_size == 32])
+@pytest.mark.parametrize("cols", [32, 96, 160])
+def test_q8_mode_rows_of_an_odd_number_of_records(isa, name, cols):
+    """Rows of 1, 3 or 5 records of 32 (the x86 kernels reduce two records
+    at a time, then a last one alone): the q8 GEMV and GEMM give the
+    reference's Q8Matrix bits at every position."""
+    m = kernels(isa)
+    rng = np.random.default_rng(cols + len(name))
+    t = GGML_TYPES[GGML_TYPE_IDS[name]]
+    tensor = AffineTensor.from_raw(random_raw(name, 7, cols, rng, 0.5), t.id, (7, cols))
+    reference = Q8Matrix(tensor)
+    x = rng.uniform(-1, 1, (5, cols)).astype(np.float32)
+    block = m.gemm(tensor, x, activations="q8")
+    for i in range(x.shape[0]):
+        want = (reference @ x[i]).view(np.uint32)
+        np.testing.assert_array_equal(m.gemm(tensor, x[i:i + 1], activations="q8")[0].view(np.uint32), want,
+                                      err_msg=f"{isa} {name} GEMV position {i}")
+        np.testing.assert_array_equal(block[i].view(np.uint32), want, err_msg=f"{isa} {name} GEMM position {i}")
+
+
 def test_q4_k_tensor_refuses_bytes_that_do_not_hold_it():
     raw = np.zeros(144 * 2, np.uint8)
     with pytest.raises(ValueError, match="do not hold"):

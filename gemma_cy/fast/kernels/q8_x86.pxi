@@ -258,22 +258,41 @@ cdef inline int32_t _hsum_epi32(q8_m256i v) noexcept nogil:
 cdef float _dot_affine32_q8(const uint8_t* rec, const int8_t* xq, const float* xd, Py_ssize_t cols,
                             bint has_offset) noexcept nogil:
     """k_dot_affine_q8 for records of 32 values (Q4_1, Q5_1, Q4_K, Q5_K):
-    each record's exact integer sums by maddubs/madd, then the f64 terms in
-    the portable loop's order (kernels/common.pxi), so the same number."""
-    cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1), xv
+    each record's exact integer sums by maddubs/madd, two records' sums (and
+    sums of xq) reduced together (_isum_rows4), then the f64 terms in the
+    portable loop's order (kernels/common.pxi), so the same number."""
+    cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1), x0, x1, i0, i1
     cdef double acc = 0
-    cdef int32_t isum, qsum
-    cdef float d
-    cdef Py_ssize_t rb = 32 + 4 + (4 if has_offset else 0), b
-    for b in range(cols // 32):
-        xv = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
-        d = xd[b]
-        isum = _hsum_epi32(_isum8_q8(<const int8_t*> rec, xv, ones))
-        acc += <double> isum * <double> (_load_f32(rec + 32) * d)
+    cdef double t[4]
+    cdef float d0, d1
+    cdef Py_ssize_t rb = 32 + 4 + (4 if has_offset else 0), b = 0, nb = cols // 32
+    while b + 2 <= nb:
+        x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
+        x1 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b + 32))
+        d0 = xd[b]
+        d1 = xd[b + 1]
+        i0 = _isum8_q8(<const int8_t*> rec, x0, ones)
+        i1 = _isum8_q8(<const int8_t*> (rec + rb), x1, ones)
+        if has_offset:  # terms: isum0 a0 d0, qsum0 b0 d0, isum1 a1 d1, qsum1 b1 d1 (each exact)
+            q8_storeu_pd(t, q8_mul_pd(
+                _isum_rows4(i0, q8_madd_epi16(q8_maddubs_epi16(unit, x0), ones),
+                            i1, q8_madd_epi16(q8_maddubs_epi16(unit, x1), ones)),
+                q8_setr_pd(_load_f32(rec + 32) * d0, _load_f32(rec + 36) * d0,
+                           _load_f32(rec + rb + 32) * d1, _load_f32(rec + rb + 36) * d1)))
+            acc = (((acc + t[0]) - t[1]) + t[2]) - t[3]
+        else:
+            q8_storeu_pd(t, q8_mul_pd(_isum_rows4(i0, i1, i0, i1),
+                                      q8_setr_pd(_load_f32(rec + 32) * d0, _load_f32(rec + rb + 32) * d1, 0, 0)))
+            acc = (acc + t[0]) + t[1]
+        rec += 2 * rb
+        b += 2
+    if b < nb:  # an odd last record
+        x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
+        d0 = xd[b]
+        acc += <double> _hsum_epi32(_isum8_q8(<const int8_t*> rec, x0, ones)) * <double> (_load_f32(rec + 32) * d0)
         if has_offset:
-            qsum = _hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(unit, xv), ones))
-            acc -= <double> qsum * <double> (_load_f32(rec + 36) * d)
-        rec += rb
+            acc -= <double> _hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(unit, x0), ones)) * <double> (
+                _load_f32(rec + 36) * d0)
     return <float> acc
 
 
