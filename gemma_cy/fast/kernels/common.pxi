@@ -614,7 +614,7 @@ cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssiz
     # In passes of WEIGHTED_ROWS_PASS x rows: a pass's rows stay in L1 while
     # every group of output rows and columns goes over them, where one pass
     # over all of x read it from L2 once per group. A sum split over passes
-    # has the bits of one pass (see _weighted_rows_pass).
+    # has the bits of one pass (each module's _weighted_rows_pass).
     cdef Py_ssize_t i = 0, k
     while i < n_x:
         k = min(<Py_ssize_t> WEIGHTED_ROWS_PASS, n_x - i)
@@ -623,11 +623,13 @@ cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssiz
         i += k
 
 
-cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
-                              const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
-    # 16 columns of up to four output rows stay in registers while the x rows
-    # stream past once. Every value takes k_axpy's steps, y += w * x in the
-    # order of i (the tail columns are k_axpy itself), whichever rows share a
+cdef inline void _weighted_rows_pass_portable(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride,
+                                              Py_ssize_t m, const float* x, Py_ssize_t x_stride, Py_ssize_t n_x,
+                                              Py_ssize_t n) noexcept nogil:
+    # A module's _weighted_rows_pass when it has none of its own. 16 columns
+    # of up to four output rows stay in registers while the x rows stream
+    # past once. Every value takes k_axpy's steps, y += w * x in the order
+    # of i (the tail columns are k_axpy itself), whichever rows share a
     # pass: a sum split over several calls has the bits of one call.
     cdef float acc[4][16]
     cdef float wide[64]

@@ -622,3 +622,8 @@ cdef inline void _affine_grouped(float* out, const uint8_t* rec, Py_ssize_t cols
             _mm256_storeu_ps(out + ((c + 8 * g) % 32 // 8) * stride + k * 8, _affine8(q + 8 * g, va, vb, has_offset))
         c += sub
         rec += rb
+
+
+cdef inline void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                                     const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    _weighted_rows_pass_portable(y, y_stride, w, w_stride, m, x, x_stride, n_x, n)

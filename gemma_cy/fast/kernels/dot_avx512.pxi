@@ -37,6 +37,7 @@ cdef extern from "immintrin.h" nogil:
     __m512 _mm512_cvtepi32_ps(__m512i a)
     __m512 _mm512_loadu_ps(const void* p)
     __m512 _mm512_maskz_loadu_ps(__mmask16 k, const void* p)
+    void _mm512_mask_storeu_ps(void* p, __mmask16 k, __m512 a)
     __m512 _mm512_setzero_ps()
     __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c)
     __m512 _mm512_add_ps(__m512 a, __m512 b)
@@ -422,6 +423,94 @@ cdef float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil
         s = fmaf(q[j], key[j], s)
         j += 1
     return s
+
+
+cdef inline __mmask16 _lanes(Py_ssize_t n) noexcept nogil:
+    """The min(n, 16) low lanes."""
+    return <__mmask16> 0xFFFF if n >= 16 else <__mmask16> ((1 << n) - 1)
+
+
+cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                              const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    """k_weighted_rows' pass with FMAs: every value of y takes y = fma(w[r,
+    i], x[i], y) in the order of i (one rounding per step), whether its row
+    runs in a group of four (32 columns in 8 registers, each x vector loaded
+    once for the four rows) or alone (64 columns in 4), and the last < 32 or
+    < 64 columns in masked steps of 16: the same steps whichever rows or
+    calls share the sum."""
+    cdef __m512 a0, a1, a2, a3, a4, a5, a6, a7, x0, x1, w0, w1, w2, w3
+    cdef Py_ssize_t r = 0, c, i, k
+    cdef __mmask16 keep
+    cdef const float* xi
+    cdef float* yr
+    while r + 4 <= m:
+        yr = y + r * y_stride
+        c = 0
+        while c + 32 <= n:
+            a0 = _mm512_loadu_ps(yr + c); a1 = _mm512_loadu_ps(yr + c + 16)
+            a2 = _mm512_loadu_ps(yr + y_stride + c); a3 = _mm512_loadu_ps(yr + y_stride + c + 16)
+            a4 = _mm512_loadu_ps(yr + 2 * y_stride + c); a5 = _mm512_loadu_ps(yr + 2 * y_stride + c + 16)
+            a6 = _mm512_loadu_ps(yr + 3 * y_stride + c); a7 = _mm512_loadu_ps(yr + 3 * y_stride + c + 16)
+            for i in range(n_x):
+                xi = x + i * x_stride + c
+                x0 = _mm512_loadu_ps(xi)
+                x1 = _mm512_loadu_ps(xi + 16)
+                w0 = _mm512_set1_ps(w[r * w_stride + i])
+                w1 = _mm512_set1_ps(w[(r + 1) * w_stride + i])
+                w2 = _mm512_set1_ps(w[(r + 2) * w_stride + i])
+                w3 = _mm512_set1_ps(w[(r + 3) * w_stride + i])
+                a0 = _mm512_fmadd_ps(w0, x0, a0); a1 = _mm512_fmadd_ps(w0, x1, a1)
+                a2 = _mm512_fmadd_ps(w1, x0, a2); a3 = _mm512_fmadd_ps(w1, x1, a3)
+                a4 = _mm512_fmadd_ps(w2, x0, a4); a5 = _mm512_fmadd_ps(w2, x1, a5)
+                a6 = _mm512_fmadd_ps(w3, x0, a6); a7 = _mm512_fmadd_ps(w3, x1, a7)
+            _mm512_storeu_ps(yr + c, a0); _mm512_storeu_ps(yr + c + 16, a1)
+            _mm512_storeu_ps(yr + y_stride + c, a2); _mm512_storeu_ps(yr + y_stride + c + 16, a3)
+            _mm512_storeu_ps(yr + 2 * y_stride + c, a4); _mm512_storeu_ps(yr + 2 * y_stride + c + 16, a5)
+            _mm512_storeu_ps(yr + 3 * y_stride + c, a6); _mm512_storeu_ps(yr + 3 * y_stride + c + 16, a7)
+            c += 32
+        while c < n:  # masked steps of 16
+            keep = _lanes(n - c)
+            a0 = _mm512_maskz_loadu_ps(keep, yr + c)
+            a2 = _mm512_maskz_loadu_ps(keep, yr + y_stride + c)
+            a4 = _mm512_maskz_loadu_ps(keep, yr + 2 * y_stride + c)
+            a6 = _mm512_maskz_loadu_ps(keep, yr + 3 * y_stride + c)
+            for i in range(n_x):
+                x0 = _mm512_maskz_loadu_ps(keep, x + i * x_stride + c)
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[r * w_stride + i]), x0, a0)
+                a2 = _mm512_fmadd_ps(_mm512_set1_ps(w[(r + 1) * w_stride + i]), x0, a2)
+                a4 = _mm512_fmadd_ps(_mm512_set1_ps(w[(r + 2) * w_stride + i]), x0, a4)
+                a6 = _mm512_fmadd_ps(_mm512_set1_ps(w[(r + 3) * w_stride + i]), x0, a6)
+            _mm512_mask_storeu_ps(yr + c, keep, a0)
+            _mm512_mask_storeu_ps(yr + y_stride + c, keep, a2)
+            _mm512_mask_storeu_ps(yr + 2 * y_stride + c, keep, a4)
+            _mm512_mask_storeu_ps(yr + 3 * y_stride + c, keep, a6)
+            c += 16
+        r += 4
+    while r < m:  # one row
+        yr = y + r * y_stride
+        c = 0
+        while c + 64 <= n:
+            a0 = _mm512_loadu_ps(yr + c); a1 = _mm512_loadu_ps(yr + c + 16)
+            a2 = _mm512_loadu_ps(yr + c + 32); a3 = _mm512_loadu_ps(yr + c + 48)
+            for i in range(n_x):
+                xi = x + i * x_stride + c
+                w0 = _mm512_set1_ps(w[r * w_stride + i])
+                a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xi), a0)
+                a1 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xi + 16), a1)
+                a2 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xi + 32), a2)
+                a3 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xi + 48), a3)
+            _mm512_storeu_ps(yr + c, a0); _mm512_storeu_ps(yr + c + 16, a1)
+            _mm512_storeu_ps(yr + c + 32, a2); _mm512_storeu_ps(yr + c + 48, a3)
+            c += 64
+        while c < n:
+            keep = _lanes(n - c)
+            a0 = _mm512_maskz_loadu_ps(keep, yr + c)
+            for i in range(n_x):
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[r * w_stride + i]),
+                                     _mm512_maskz_loadu_ps(keep, x + i * x_stride + c), a0)
+            _mm512_mask_storeu_ps(yr + c, keep, a0)
+            c += 16
+        r += 1
 
 
 # k_dot_affine (see kernels/common.pxi): per 16 values, the exact weights

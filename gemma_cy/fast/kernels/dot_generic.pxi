@@ -111,6 +111,11 @@ cdef inline float _score(const float* q, const float* key, Py_ssize_t n) noexcep
     return _score_portable(q, key, n)
 
 
+cdef inline void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                                     const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    _weighted_rows_pass_portable(y, y_stride, w, w_stride, m, x, x_stride, n_x, n)
+
+
 cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
                         bint has_offset) noexcept nogil:
     return _dot_affine_portable(rec, x, cols, sub, has_offset)
