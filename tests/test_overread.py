@@ -79,14 +79,15 @@ KERNELS = textwrap.dedent('''
             m.dequantize_q8_0(g(q8_0(nb)), out=g(np.zeros(32 * nb, np.float32)))
             m.quantize_q8(g(f32(32 * nb)))
             calls += 7
-            for rows in (1, 17):  # the q8 GEMM of every other layout (avx512: panels of 16 rows)
-                x2 = g(f32(2, 32 * nb))
-                m.gemm(Int8Tensor(g(i8(rows, 32 * nb)), np.float32(0.01)), x2, activations="q8")
-                m.gemm(Q8_0Tensor(g(q8_0(rows, nb))), x2, activations="q8")
-                for sub, offset in ((32, True), (16, False), (16, True)):
-                    records = rng.integers(0, 256, (rows, 32 * nb // sub, sub + 4 + 4 * offset), dtype=np.uint8)
-                    m.gemm(AffineTensor(g(records), sub, offset, "test"), x2, activations="q8")
-                calls += 5
+            for rows in (1, 17):  # the q8 GEMV and GEMM of every other layout (avx512: panels of 16 rows)
+                for positions in (1, 2):
+                    xp = g(f32(positions, 32 * nb))
+                    m.gemm(Int8Tensor(g(i8(rows, 32 * nb)), np.float32(0.01)), xp, activations="q8")
+                    m.gemm(Q8_0Tensor(g(q8_0(rows, nb))), xp, activations="q8")
+                    for sub, offset in ((32, True), (32, False), (16, False), (16, True)):
+                        records = rng.integers(0, 256, (rows, 32 * nb // sub, sub + 4 + 4 * offset), dtype=np.uint8)
+                        m.gemm(AffineTensor(g(records), sub, offset, "test"), xp, activations="q8")
+                    calls += 6
         from gemma_cy.quant.affine import Q4_KTensor
         for nb in range(1, 5):  # Q4_K super-blocks of 256 (the GEMV, the GEMM, the q8 mode)
             for rows in (1, 3):

@@ -415,13 +415,12 @@ cdef class FastModel:
 
         tensors = weights.tensors
         if self.act_q8:
-            # The q8 mode's decode GEMV reads Q8_0 blocks; a Q5_0 matrix read
-            # as stored was converted a tile of rows at a time on every step
-            # (Gemma 3 decoded 30 tok/s in q8 mode against ~50): laid out as
-            # Q8_0 once here instead, the same weights (docs/numerics.md).
-            # Unpacking the Q5_0 levels in the q8 dot product itself costs
-            # more per block than the Q8_0 rows' extra bytes (measured ~1.4x
-            # their time: docs/benchmarks.md), so this is not a stopgap.
+            # The q8 mode runs each Q5_0 matrix as its Q8_0 conversion (the
+            # same weights: docs/numerics.md), laid out once here: its decode
+            # GEMV on Q8_0 rows beats both converting tiles on every step and
+            # unpacking Q5_0 levels inside the q8 dot product, which costs
+            # more per block than the Q8_0 rows' extra bytes
+            # (docs/benchmarks.md#history, sixth session).
             tensors = {name: t.q8_0() if isinstance(t, Q5_0Tensor) else t for name, t in tensors.items()}
         cdef bint resident = sum(_matrix_bytes(t) for t in tensors.values()) <= RESIDENT_MODEL_BYTES
         # the matrices a decode step streams, in its order, copied out of the

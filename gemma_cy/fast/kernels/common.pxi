@@ -248,12 +248,20 @@ cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize
 # a matrix gives bit for bit what its records or Q8_0 blocks would, on
 # every path.
 
+cdef inline const uint8_t* _q4_k_qs(const uint8_t* row, Py_ssize_t j) noexcept nogil:
+    """The 32 bytes of a Q4_K row (super-blocks back to back) whose low
+    nibbles are the levels of sub-block 2 j and high nibbles those of
+    sub-block 2 j + 1 (j counts over the whole row): super-block j // 4,
+    after its d, dmin and 12 scale bytes, group j % 4 of its 128 qs bytes."""
+    return row + (j // 4) * Q4_K_BYTES + 16 + 32 * (j % 4)
+
+
 cdef void k_q4_k_records(uint8_t* rec, const uint8_t* block, const float* ab) noexcept nogil:
     cdef const uint8_t* qs
     cdef uint8_t* out
     cdef Py_ssize_t j, l
     for j in range(4):  # sub-blocks 2 j and 2 j + 1: the low and high nibbles of the same 32 bytes
-        qs = block + 16 + 32 * j
+        qs = _q4_k_qs(block, j)
         out = rec + 80 * j
         for l in range(32):
             out[l] = qs[l] & 0x0F

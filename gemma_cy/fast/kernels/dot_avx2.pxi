@@ -588,7 +588,7 @@ cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ss
     acc[0] = _mm256_setzero_ps()
     acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
     for j in range(n):
-        qs = row + (j // 4) * Q4_K_BYTES + 16 + 32 * (j % 4)
+        qs = _q4_k_qs(row, j)
         a_lo = _mm256_set1_ps(ab[0])
         b_lo = _mm256_set1_ps(ab[1])
         a_hi = _mm256_set1_ps(ab[2])

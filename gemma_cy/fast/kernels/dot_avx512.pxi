@@ -64,6 +64,11 @@ cdef inline __m512 _widen16(const int8_t* q) noexcept nogil:
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(<const __m128i*> q)))
 
 
+cdef inline __mmask16 _low_lanes(Py_ssize_t n) noexcept nogil:
+    """The min(n, 16) low lanes."""
+    return <__mmask16> 0xFFFF if n >= 16 else <__mmask16> ((1 << n) - 1)
+
+
 cdef float k_dot_i8(const int8_t* q, const float* x, Py_ssize_t n, float scale) noexcept nogil:
     cdef __m512 a0 = _mm512_setzero_ps()
     cdef __m512 a1 = _mm512_setzero_ps()
@@ -82,7 +87,7 @@ cdef float k_dot_i8(const int8_t* q, const float* x, Py_ssize_t n, float scale) 
         a0 = _mm512_fmadd_ps(_widen16(q + i), _mm512_loadu_ps(x + i), a0)
         i += 16
     if i < n:
-        tail = <__mmask16> ((1 << (n - i)) - 1)  # the n - i < 16 low lanes
+        tail = _low_lanes(n - i)
         a1 = _mm512_fmadd_ps(
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(tail, q + i))),
             _mm512_maskz_loadu_ps(tail, x + i), a1)
@@ -425,11 +430,6 @@ cdef float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil
     return s
 
 
-cdef inline __mmask16 _lanes(Py_ssize_t n) noexcept nogil:
-    """The min(n, 16) low lanes."""
-    return <__mmask16> 0xFFFF if n >= 16 else <__mmask16> ((1 << n) - 1)
-
-
 cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
                               const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
     """k_weighted_rows' pass with FMAs: every value of y takes y = fma(w[r,
@@ -439,7 +439,7 @@ cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_
     < 64 columns in masked steps of 16: the same steps whichever rows or
     calls share the sum."""
     cdef __m512 a0, a1, a2, a3, a4, a5, a6, a7, x0, x1, w0, w1, w2, w3
-    cdef Py_ssize_t r = 0, c, i, k
+    cdef Py_ssize_t r = 0, c, i
     cdef __mmask16 keep
     cdef const float* xi
     cdef float* yr
@@ -469,7 +469,7 @@ cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_
             _mm512_storeu_ps(yr + 3 * y_stride + c, a6); _mm512_storeu_ps(yr + 3 * y_stride + c + 16, a7)
             c += 32
         while c < n:  # masked steps of 16
-            keep = _lanes(n - c)
+            keep = _low_lanes(n - c)
             a0 = _mm512_maskz_loadu_ps(keep, yr + c)
             a2 = _mm512_maskz_loadu_ps(keep, yr + y_stride + c)
             a4 = _mm512_maskz_loadu_ps(keep, yr + 2 * y_stride + c)
@@ -503,7 +503,7 @@ cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_
             _mm512_storeu_ps(yr + c + 32, a2); _mm512_storeu_ps(yr + c + 48, a3)
             c += 64
         while c < n:
-            keep = _lanes(n - c)
+            keep = _low_lanes(n - c)
             a0 = _mm512_maskz_loadu_ps(keep, yr + c)
             for i in range(n_x):
                 a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[r * w_stride + i]),
@@ -582,7 +582,7 @@ cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ss
     acc[0] = _mm512_setzero_ps()
     acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
     for j in range(n):
-        qs = row + (j // 4) * Q4_K_BYTES + 16 + 32 * (j % 4)
+        qs = _q4_k_qs(row, j)
         a_lo = _mm512_set1_ps(ab[0])
         b_lo = _mm512_set1_ps(ab[1])
         a_hi = _mm512_set1_ps(ab[2])

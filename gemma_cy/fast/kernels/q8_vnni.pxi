@@ -53,7 +53,6 @@ cdef extern from "immintrin.h" nogil:
         pass
     ctypedef struct __m512d:
         pass
-    __m512i _mm512_dpbusd_epi32(__m512i src, __m512i a, __m512i b)  # AVX512_VNNI
     __m512i _mm512_loadu_si512(const void* p)
     void _mm512_storeu_si512(void* p, __m512i a)
     __m512i _mm512_castsi256_si512(__m256i a)
@@ -119,12 +118,6 @@ cdef Py_ssize_t _gemm_q8_scratch_bytes(Py_ssize_t cols, Py_ssize_t n_tokens) noe
     positions padded to a multiple of PANEL_POSITIONS."""
     cdef Py_ssize_t n_pad = (max(n_tokens, 1) + PANEL_POSITIONS - 1) // PANEL_POSITIONS * PANEL_POSITIONS
     return 64 + cols // 32 * (PANEL_MAX_BLOCK_BYTES + n_pad * <Py_ssize_t> sizeof(PanelBlock))
-
-
-cdef inline int32_t _load_i32(const int8_t* p) noexcept nogil:
-    cdef int32_t v
-    memcpy(&v, p, 4)
-    return v
 
 
 cdef inline void _pack_levels(uint8_t* dst, const __m256i* y) noexcept nogil:
@@ -217,7 +210,7 @@ cdef void _pack_panel(uint8_t* panel, const QMatrix* w, Py_ssize_t r0, Py_ssize_
                 sc[i] = _cvtsh_ss(_load_u16(p))  # f32(d): exact, every f16 is an f32
         elif w.layout == QLAYOUT_Q4_K:  # sub-block b: the low or high nibbles of 32 bytes
             for i in range(PANEL_ROWS):
-                y[i] = _mm256_loadu_si256(<const __m256i*> (rows[i] + b // 8 * Q4_K_BYTES + 16 + 32 * (b % 8 // 2)))
+                y[i] = _mm256_loadu_si256(<const __m256i*> _q4_k_qs(rows[i], b // 2))
                 if b % 2:
                     y[i] = _mm256_srli_epi16(y[i], 4)
                 y[i] = _mm256_and_si256(y[i], m15)

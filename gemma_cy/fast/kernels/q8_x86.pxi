@@ -351,7 +351,7 @@ cdef float _dot_q4_k_q8(const uint8_t* row, const float* ab, const int8_t* xq, c
     cdef float d0, d1
     cdef Py_ssize_t b
     for b in range(0, cols // 32, 2):
-        y = q8_loadu_si256(<const q8_m256i*> (row + b // 8 * Q4_K_BYTES + 16 + 16 * (b % 8)))
+        y = q8_loadu_si256(<const q8_m256i*> _q4_k_qs(row, b // 2))
         x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
         x1 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b + 32))
         d0 = xd[b]
