@@ -25,6 +25,7 @@ cdef extern from *:
 cdef enum:
     GEMV_PREFETCH_ROWS = 8
     GEMM_TOKEN_TILE = 16  # positions per pass over a matrix in k_gemm (see there)
+    SCORES_AHEAD = 24  # keys hinted ahead in k_scores (see there)
 cdef double SQRT_2_OVER_PI = 0.7978845608028654  # sqrt(2/pi) of GELU's tanh approximation
 cdef double GELU_CUBIC = 0.044715
 # e^x (_exp: the activations' sigmoid, softmax): x = n ln 2 + r with n = round(x / ln 2)
@@ -594,11 +595,16 @@ cdef void k_scores(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t
                    const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys, Py_ssize_t n) noexcept nogil:
     # Keys outermost: 8 keys (8 KB at head_dim 256) stay in L1 while every
     # query row passes over them; rows outermost streamed the whole span of
-    # keys from L2 once per row.
-    cdef Py_ssize_t r, i = 0
+    # keys from L2 once per row. At decode the keys come from DRAM: the 8
+    # keys SCORES_AHEAD on are hinted a share before each row's pass (all 8
+    # hinted at once, 16 ahead, read ~15 GB/s; spread, ~28: docs/benchmarks.md).
+    cdef Py_ssize_t r, i = 0, first, per_row = (8 + m - 1) // m
     while i + 8 <= n_keys:
-        _prefetch_rows(keys + (i + 16) * key_stride, min(8, n_keys - i - 16), key_stride, n)
         for r in range(m):
+            first = i + SCORES_AHEAD + r * per_row
+            if r * per_row < 8:
+                _prefetch_rows(keys + first * key_stride, min(min(per_row, 8 - r * per_row), n_keys - first),
+                               key_stride, n)
             _scores8(out + r * out_stride + i, q + r * q_stride, keys + i * key_stride, key_stride, n)
         i += 8
     while i < n_keys:
@@ -615,18 +621,27 @@ cdef void k_axpy(float* y, float a, const float* x, Py_ssize_t n) noexcept nogil
 
 cdef enum:
     WEIGHTED_ROWS_PASS = 16  # x rows per pass of k_weighted_rows (16 KB at 256 columns: L1)
+    WEIGHTED_ROWS_FEW = 4  # up to this many output rows (a decode step's heads of one kv head), passes of one x row
+    WEIGHTED_ROWS_AHEAD = 16  # x rows hinted ahead then
 
 
 cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
                           const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
     # In passes of WEIGHTED_ROWS_PASS x rows: a pass's rows stay in L1 while
     # every group of output rows and columns goes over them, where one pass
-    # over all of x read it from L2 once per group. A sum split over passes
-    # has the bits of one pass (each module's _weighted_rows_pass).
-    cdef Py_ssize_t i = 0, k
+    # over all of x read it from L2 once per group. With few output rows
+    # (decode: x comes from DRAM, and there is little work per row to hide
+    # it behind) a pass is one x row, hinted WEIGHTED_ROWS_AHEAD rows before
+    # it is read: ~2x the bandwidth of hinting a whole pass at once
+    # (docs/benchmarks.md). A sum split over passes has the bits of one pass
+    # (each module's _weighted_rows_pass).
+    cdef Py_ssize_t i = 0, k, rows = WEIGHTED_ROWS_PASS, ahead = WEIGHTED_ROWS_PASS
+    if m <= WEIGHTED_ROWS_FEW:
+        rows = 1
+        ahead = WEIGHTED_ROWS_AHEAD
     while i < n_x:
-        k = min(<Py_ssize_t> WEIGHTED_ROWS_PASS, n_x - i)
-        _prefetch_rows(x + (i + k) * x_stride, min(<Py_ssize_t> WEIGHTED_ROWS_PASS, n_x - i - k), x_stride, n)
+        k = min(rows, n_x - i)
+        _prefetch_rows(x + (i + ahead) * x_stride, min(k, n_x - i - ahead), x_stride, n)
         _weighted_rows_pass(y, y_stride, w + i, w_stride, m, x + i * x_stride, x_stride, k, n)
         i += k
 

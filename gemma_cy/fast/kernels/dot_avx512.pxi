@@ -55,6 +55,9 @@ cdef extern from "immintrin.h" nogil:
     __m512i _mm512_setr_epi32(int e0, int e1, int e2, int e3, int e4, int e5, int e6, int e7, int e8, int e9,
                               int e10, int e11, int e12, int e13, int e14, int e15)
     __m512 _mm512_permutex2var_ps(__m512 a, __m512i idx, __m512 b)
+    __m512 _mm512_shuffle_f32x4(__m512 a, __m512 b, int imm)
+    __m512 _mm512_shuffle_ps(__m512 a, __m512 b, int imm)
+    __m512 _mm512_permutexvar_ps(__m512i idx, __m512 a)
     __m512 _mm512_setr_ps(float e0, float e1, float e2, float e3, float e4, float e5, float e6, float e7, float e8,
                           float e9, float e10, float e11, float e12, float e13, float e14, float e15)
 
@@ -383,6 +386,28 @@ cdef inline float _sum16(__m512 a) noexcept nogil:
     return _sum8(lanes) + _sum8(lanes + 8)
 
 
+cdef inline void _sum16x8(float* out, __m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5,
+                          __m512 a6, __m512 a7) noexcept nogil:
+    """out[k] = _sum16(a_k) for 8 vectors, bit for bit (every sum pairs the
+    same lanes in the same tree), in 15 shuffles and 8 adds: the four 128-bit
+    quarters Q0..Q3 of each vector become Q0 + Q1 and Q2 + Q3 (lanes i + i+4
+    of each half), then lanes (0 + 1) and (2 + 3) of each quarter, then their
+    sum; each half's _sum8 sits in one lane, and the two halves are added."""
+    # (Q0 + Q1, Q2 + Q3) of keys k and k+1 side by side: [k lo, k hi, k+1 lo, k+1 hi]
+    cdef __m512 p01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x88), _mm512_shuffle_f32x4(a0, a1, 0xDD))
+    cdef __m512 p23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x88), _mm512_shuffle_f32x4(a2, a3, 0xDD))
+    cdef __m512 p45 = _mm512_add_ps(_mm512_shuffle_f32x4(a4, a5, 0x88), _mm512_shuffle_f32x4(a4, a5, 0xDD))
+    cdef __m512 p67 = _mm512_add_ps(_mm512_shuffle_f32x4(a6, a7, 0x88), _mm512_shuffle_f32x4(a6, a7, 0xDD))
+    # per quarter: [P0 + P1, P2 + P3, Q0 + Q1, Q2 + Q3] of two vectors P, Q
+    cdef __m512 t = _mm512_add_ps(_mm512_shuffle_ps(p01, p23, 0x88), _mm512_shuffle_ps(p01, p23, 0xDD))
+    cdef __m512 u = _mm512_add_ps(_mm512_shuffle_ps(p45, p67, 0x88), _mm512_shuffle_ps(p45, p67, 0xDD))
+    # quarter 0: the low halves' _sum8 of keys 0, 2, 4, 6; 1: their high halves; 2, 3: keys 1, 3, 5, 7
+    cdef __m512 w = _mm512_add_ps(_mm512_shuffle_ps(t, u, 0x88), _mm512_shuffle_ps(t, u, 0xDD))
+    cdef __m512 f = _mm512_add_ps(w, _mm512_shuffle_f32x4(w, w, 0xB1))  # low + high: quarters 0 and 2
+    _mm512_mask_storeu_ps(out, 0xFF, _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0), f))
+
+
 cdef void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key_stride,
                    Py_ssize_t n) noexcept nogil:
     """k_scores for 8 keys (_score bit for bit: one 16-lane FMA chain per key
@@ -403,8 +428,7 @@ cdef void _scores8(float* out, const float* q, const float* keys, Py_ssize_t key
         a6 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + 6 * key_stride + j), a6)
         a7 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys + 7 * key_stride + j), a7)
         j += 16
-    out[0] = _sum16(a0); out[1] = _sum16(a1); out[2] = _sum16(a2); out[3] = _sum16(a3)
-    out[4] = _sum16(a4); out[5] = _sum16(a5); out[6] = _sum16(a6); out[7] = _sum16(a7)
+    _sum16x8(out, a0, a1, a2, a3, a4, a5, a6, a7)
     if j < n:
         for k in range(8):
             s = out[k]
