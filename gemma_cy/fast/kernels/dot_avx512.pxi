@@ -192,23 +192,24 @@ cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
 # _gemm (prefill) of a Q8_0 or affine matrix (Q4_K tiles, Q6_K and the
 # other k-quants as records): GEMM_ROW_TILE rows' exact weights formed once
 # into scratch as f32 (a Q8_0 row's f32(q) * f32(d)), then a 4-row x
-# 4-position kernel. k_dot_affine's (and k_dot_q8_0's) accumulator g only
-# ever takes the 16-value groups g, g + 4, g + 8, ... of a row (groups 0, 1
-# of a last 32 values), so the kernel runs one g at a time with one
-# accumulator per output: 16 in registers, each weight loaded once for four
-# positions and each activation once for four rows, and the four partial
-# sums are combined as the GEMV combines its accumulators, (a0 + a1) +
-# (a2 + a3), lanes summed alike: the same operations on the same values in
-# the same order, so the same bits.
+# 6-position kernel (4 x 4 for the rest). k_dot_affine's (and k_dot_q8_0's)
+# accumulator g only ever takes the 16-value groups g, g + 4, g + 8, ... of
+# a row (groups 0, 1 of a last 32 values), so the kernel runs one g at a
+# time with one accumulator per output: 24 in registers, each weight loaded
+# once for six positions and each activation once for four rows, and the
+# four partial sums are combined as the GEMV combines its accumulators,
+# (a0 + a1) + (a2 + a3), lanes summed alike: the same operations on the
+# same values in the same order, so the same bits.
 
 cdef enum:
     GEMM_ROW_TILE = 8  # rows whose weights _gemm forms at once (two 4-row kernels)
     GEMM_POSITION_TILE = 64  # positions per pass over the matrix in _gemm
+    GEMM_ROW_PAD = 16  # floats after each row of _gemm's weights (see there)
 
 
 cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
     # the rows' weights as f32 (_gemm), or a q8 panel and its tables (q8_vnni.pxi)
-    return max(GEMM_ROW_TILE * cols, (_gemm_q8_scratch_bytes(cols, n_tokens) + 3) // 4)
+    return max(GEMM_ROW_TILE * (cols + GEMM_ROW_PAD), (_gemm_q8_scratch_bytes(cols, n_tokens) + 3) // 4)
 
 
 cdef inline void _blocks_row(float* w, const uint8_t* row, Py_ssize_t nb, bint q5_0) noexcept nogil:
@@ -304,19 +305,84 @@ cdef void _affine_group_4x4(__m512* part, const float* w, Py_ssize_t w_stride, c
         part[i] = acc[i]
 
 
-cdef void _affine_4x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssize_t w_stride, const float* x,
+cdef void _affine_group_4x6(__m512* part, const float* w, Py_ssize_t w_stride, const float* x,
+                            Py_ssize_t x_stride, Py_ssize_t cols, Py_ssize_t g) noexcept nogil:
+    """_affine_group_4x4 for rows 0..3 and positions 0..5: part[6 r + t]. 24
+    accumulators, four weight vectors and one activation vector: 29 of the
+    32 registers; each step loads 10 vectors for 24 FMAs (the 4 x 4 tile:
+    8 for 16)."""
+    cdef __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0
+    cdef __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0
+    cdef __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0
+    cdef __m512 d0 = a0, d1 = a0, d2 = a0, d3 = a0, d4 = a0, d5 = a0
+    cdef __m512 wa, wb, wc, wd, xv
+    cdef Py_ssize_t j = 16 * g
+    cdef const float* w1 = w + w_stride
+    cdef const float* w2 = w + 2 * w_stride
+    cdef const float* w3 = w + 3 * w_stride
+    while j + 16 <= cols:
+        wa = _mm512_loadu_ps(w + j); wb = _mm512_loadu_ps(w1 + j)
+        wc = _mm512_loadu_ps(w2 + j); wd = _mm512_loadu_ps(w3 + j)
+        xv = _mm512_loadu_ps(x + j)
+        a0 = _mm512_fmadd_ps(wa, xv, a0); b0 = _mm512_fmadd_ps(wb, xv, b0)
+        c0 = _mm512_fmadd_ps(wc, xv, c0); d0 = _mm512_fmadd_ps(wd, xv, d0)
+        xv = _mm512_loadu_ps(x + x_stride + j)
+        a1 = _mm512_fmadd_ps(wa, xv, a1); b1 = _mm512_fmadd_ps(wb, xv, b1)
+        c1 = _mm512_fmadd_ps(wc, xv, c1); d1 = _mm512_fmadd_ps(wd, xv, d1)
+        xv = _mm512_loadu_ps(x + 2 * x_stride + j)
+        a2 = _mm512_fmadd_ps(wa, xv, a2); b2 = _mm512_fmadd_ps(wb, xv, b2)
+        c2 = _mm512_fmadd_ps(wc, xv, c2); d2 = _mm512_fmadd_ps(wd, xv, d2)
+        xv = _mm512_loadu_ps(x + 3 * x_stride + j)
+        a3 = _mm512_fmadd_ps(wa, xv, a3); b3 = _mm512_fmadd_ps(wb, xv, b3)
+        c3 = _mm512_fmadd_ps(wc, xv, c3); d3 = _mm512_fmadd_ps(wd, xv, d3)
+        xv = _mm512_loadu_ps(x + 4 * x_stride + j)
+        a4 = _mm512_fmadd_ps(wa, xv, a4); b4 = _mm512_fmadd_ps(wb, xv, b4)
+        c4 = _mm512_fmadd_ps(wc, xv, c4); d4 = _mm512_fmadd_ps(wd, xv, d4)
+        xv = _mm512_loadu_ps(x + 5 * x_stride + j)
+        a5 = _mm512_fmadd_ps(wa, xv, a5); b5 = _mm512_fmadd_ps(wb, xv, b5)
+        c5 = _mm512_fmadd_ps(wc, xv, c5); d5 = _mm512_fmadd_ps(wd, xv, d5)
+        j += 64
+    part[0] = a0; part[1] = a1; part[2] = a2; part[3] = a3; part[4] = a4; part[5] = a5
+    part[6] = b0; part[7] = b1; part[8] = b2; part[9] = b3; part[10] = b4; part[11] = b5
+    part[12] = c0; part[13] = c1; part[14] = c2; part[15] = c3; part[16] = c4; part[17] = c5
+    part[18] = d0; part[19] = d1; part[20] = d2; part[21] = d3; part[22] = d4; part[23] = d5
+
+
+cdef inline void _tile_sums(float* out, Py_ssize_t out_stride, __m512 (*part)[24], Py_ssize_t n_pos,
+                            Py_ssize_t n) noexcept nogil:
+    """out[t * out_stride + r] = the GEMV's sum of the four accumulators of
+    row r and position t, part[g][n_pos * r + t]: (a0 + a1) + (a2 + a3), its
+    lanes by _sum16x8 (the bits of _sum16), for the n = 4 n_pos outputs."""
+    cdef __m512 v[24]
+    cdef float sums[24]
+    cdef Py_ssize_t i
+    for i in range(n):
+        v[i] = _mm512_add_ps(_mm512_add_ps(part[0][i], part[1][i]), _mm512_add_ps(part[2][i], part[3][i]))
+    for i in range(0, n, 8):
+        _sum16x8(sums + i, v[i], v[i + 1], v[i + 2], v[i + 3], v[i + 4], v[i + 5], v[i + 6], v[i + 7])
+    for i in range(n):
+        out[(i % n_pos) * out_stride + i // n_pos] = sums[i]
+
+
+cdef void _affine_4x6(float* out, Py_ssize_t out_stride, const float* w, Py_ssize_t w_stride, const float* x,
                       Py_ssize_t cols) noexcept nogil:
     """out[t * out_stride + r] = k_dot_affine of row r (its exact weights at
-    w + r * w_stride) with position t (x + t * cols), rows and positions 0..3."""
-    cdef __m512 part[4][16]  # (g, 4 r + t)
-    cdef Py_ssize_t g, i
-    cdef float lanes[16]
+    w + r * w_stride) with position t (x + t * cols), rows 0..3, positions 0..5."""
+    cdef __m512 part[4][24]  # (g, 6 r + t)
+    cdef Py_ssize_t g
+    for g in range(4):
+        _affine_group_4x6(part[g], w, w_stride, x, cols, cols, g)
+    _tile_sums(out, out_stride, part, 6, 24)
+
+
+cdef void _affine_4x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssize_t w_stride, const float* x,
+                      Py_ssize_t cols) noexcept nogil:
+    """_affine_4x6 for positions 0..3."""
+    cdef __m512 part[4][24]  # (g, 4 r + t): the first 16
+    cdef Py_ssize_t g
     for g in range(4):
         _affine_group_4x4(part[g], w, w_stride, x, cols, cols, g)
-    for i in range(16):
-        _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(part[0][i], part[1][i]),
-                                              _mm512_add_ps(part[2][i], part[3][i])))
-        out[(i % 4) * out_stride + i // 4] = _sum8(lanes) + _sum8(lanes + 8)
+    _tile_sums(out, out_stride, part, 4, 16)
 
 
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
@@ -324,13 +390,17 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     """k_gemm of a Q8_0, Q5_0 or affine matrix by the blocked kernel above:
     positions in passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows'
     weights formed at a time (they stay in L1/L2), the 4 x 4 kernel over
-    every four rows and positions of the pass; rows and positions no whole
+    every four rows and six (then four) positions of the pass; rows and positions no whole
     tile covers by the GEMV's own dot product (the same bits). Other
     matrices: _gemm_by_rows."""
     cdef bint q5_0 = w.layout == QLAYOUT_Q5_0
     cdef bint blocks = w.layout == QLAYOUT_Q8_0 or q5_0
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK, row_bytes, t, t0, tn, r, i, n
-    cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) the rows' weights
+    cdef float* wt = scratch  # (GEMM_ROW_TILE, ws) the rows' weights
+    # rows ws = cols + 16 floats apart: at 1,024 or 2,048 columns, rows a
+    # multiple of 4 KiB apart fall in the same L1 sets as each other and as
+    # the activations, and evict each other (measured: docs/benchmarks.md)
+    cdef Py_ssize_t ws = cols + GEMM_ROW_PAD
     if not (blocks or w.layout == QLAYOUT_AFFINE) or scratch == NULL:
         _gemm_by_rows(out, w, x, n_tokens)
         return
@@ -345,14 +415,17 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
                 if not w.resident:
                     _prefetch_row(w.blocks + (r + i) * row_bytes, row_bytes)
                 if blocks:
-                    _blocks_row(wt + i * cols, w.blocks + (r + i) * row_bytes, nb, q5_0)
+                    _blocks_row(wt + i * ws, w.blocks + (r + i) * row_bytes, nb, q5_0)
                 else:
-                    _affine_row(wt + i * cols, w.blocks + (r + i) * row_bytes, cols, w.sub, w.has_offset)
+                    _affine_row(wt + i * ws, w.blocks + (r + i) * row_bytes, cols, w.sub, w.has_offset)
             i = 0
             while i + 4 <= n:
                 t = t0
-                while t + 4 <= t0 + tn:
-                    _affine_4x4(out + t * rows + r + i, rows, wt + i * cols, cols, x + t * cols, cols)
+                while t + 6 <= t0 + tn:
+                    _affine_4x6(out + t * rows + r + i, rows, wt + i * ws, ws, x + t * cols, cols)
+                    t += 6
+                if t + 4 <= t0 + tn:
+                    _affine_4x4(out + t * rows + r + i, rows, wt + i * ws, ws, x + t * cols, cols)
                     t += 4
                 _dots(out, w, r + i, 4, t, t0 + tn, row_bytes, x)
                 i += 4
