@@ -596,8 +596,9 @@ cdef void k_scores(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t
     # Keys outermost: 8 keys (8 KB at head_dim 256) stay in L1 while every
     # query row passes over them; rows outermost streamed the whole span of
     # keys from L2 once per row. At decode the keys come from DRAM: the 8
-    # keys SCORES_AHEAD on are hinted a share before each row's pass (all 8
-    # hinted at once, 16 ahead, read ~15 GB/s; spread, ~28: docs/benchmarks.md).
+    # keys SCORES_AHEAD on are hinted a share before each row's pass, since
+    # hinting all 8 at once fills the miss buffers and leaves nothing in
+    # flight while the scores run (docs/benchmarks.md#history).
     cdef Py_ssize_t r, i = 0, first, per_row = (8 + m - 1) // m
     while i + 8 <= n_keys:
         for r in range(m):
@@ -632,9 +633,9 @@ cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssiz
     # over all of x read it from L2 once per group. With few output rows
     # (decode: x comes from DRAM, and there is little work per row to hide
     # it behind) a pass is one x row, hinted WEIGHTED_ROWS_AHEAD rows before
-    # it is read: ~2x the bandwidth of hinting a whole pass at once
-    # (docs/benchmarks.md). A sum split over passes has the bits of one pass
-    # (each module's _weighted_rows_pass).
+    # it is read, so that reads stay in flight while the sums run (a whole
+    # pass hinted at once does not: docs/benchmarks.md#history). A sum split
+    # over passes has the bits of one pass (each module's _weighted_rows_pass).
     cdef Py_ssize_t i = 0, k, rows = WEIGHTED_ROWS_PASS, ahead = WEIGHTED_ROWS_PASS
     if m <= WEIGHTED_ROWS_FEW:
         rows = 1

@@ -399,7 +399,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     cdef float* wt = scratch  # (GEMM_ROW_TILE, ws) the rows' weights
     # rows ws = cols + 16 floats apart: at 1,024 or 2,048 columns, rows a
     # multiple of 4 KiB apart fall in the same L1 sets as each other and as
-    # the activations, and evict each other (measured: docs/benchmarks.md)
+    # the activations, and evict each other (docs/benchmarks.md#history)
     cdef Py_ssize_t ws = cols + GEMM_ROW_PAD
     if not (blocks or w.layout == QLAYOUT_AFFINE) or scratch == NULL:
         _gemm_by_rows(out, w, x, n_tokens)
