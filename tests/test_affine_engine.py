@@ -189,6 +189,27 @@ def assert_gemm_bits_equal(m, stored, converted, x: np.ndarray, isa: str) -> np.
     return one[0]
 
 
+@ISA
+@pytest.mark.parametrize("kind, cols", [("Q8_0 blocks", 2048), ("Q8_0 blocks", 2080), ("Q5_0 as stored", 2080),
+                                        ("Q4_K as stored", 2048), ("Q6_K", 2048), ("Q4_1", 2080)])
+def test_f32_gemm_of_long_rows_is_the_gemv_at_every_position(isa, kind, cols):
+    """Rows of 2,048 values or more (the avx512 GEMM forms them, and copies
+    the positions, group-major: each accumulator's 16-value groups side by
+    side; 2,080 ends in a last 32, one more group for accumulators 0 and 1):
+    9 rows and 70 positions (6- and 4-position tiles, and what no tile
+    covers), every (position, row) the one-position GEMV's bits, and within
+    a few roundings of float64."""
+    m = kernels(isa)
+    rng = np.random.default_rng(cols + len(kind))
+    w = q8_gemm_matrix(kind, 9, cols, rng)
+    x = rng.uniform(-1, 1, (70, cols)).astype(np.float32)
+    block = m.gemm(w, x)
+    steps = np.concatenate([m.gemm(w, x[i:i + 1]) for i in range(70)])
+    np.testing.assert_array_equal(block.view(np.uint32), steps.view(np.uint32), err_msg=f"{isa} {kind} {cols}")
+    exact = w.dequantize().astype(np.float64)
+    assert np.all(np.abs(block - x.astype(np.float64) @ exact.T) <= bound(exact, x))
+
+
 def q8_gemm_matrix(kind: str, rows: int, cols: int, rng):
     """A (rows, cols) matrix of any layout the q8 mode runs, with every int8
     level (-128 too) and, for Q8_0, f16 scales from the extremes."""

@@ -205,22 +205,51 @@ cdef enum:
     GEMM_ROW_TILE = 8  # rows whose weights _gemm forms at once (two 4-row kernels)
     GEMM_POSITION_TILE = 64  # positions per pass over the matrix in _gemm
     GEMM_ROW_PAD = 16  # floats after each row of _gemm's weights (see there)
+    GEMM_GROUP_MAJOR_COLS = 2048  # rows this long or longer go group-major in _gemm (see there)
 
 
 cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
-    # the rows' weights as f32 (_gemm), or a q8 panel and its tables (q8_vnni.pxi)
-    return max(GEMM_ROW_TILE * (cols + GEMM_ROW_PAD), (_gemm_q8_scratch_bytes(cols, n_tokens) + 3) // 4)
+    # the rows' weights and a pass's positions as f32 (_gemm), or a q8 panel and its tables (q8_vnni.pxi)
+    return max((GEMM_ROW_TILE + min(n_tokens, <Py_ssize_t> GEMM_POSITION_TILE)) * (cols + GEMM_ROW_PAD),
+               (_gemm_q8_scratch_bytes(cols, n_tokens) + 3) // 4)
 
 
-cdef inline void _blocks_row(float* w, const uint8_t* row, Py_ssize_t nb, bint q5_0) noexcept nogil:
+cdef inline float* _slot(float* w, const Py_ssize_t* quarter, Py_ssize_t group) noexcept nogil:
+    """Where 16-value group ``group`` of a row starting at w goes: in place
+    (quarter NULL), or in the row's group-major copy (_quarters)."""
+    if quarter == NULL:
+        return w + 16 * group
+    return w + quarter[group & 3] + 16 * (group >> 2)
+
+
+cdef inline void _quarters(Py_ssize_t* quarter, Py_ssize_t cols) noexcept nogil:
+    """quarter[g] .. quarter[g + 1]: where accumulator g's 16-value groups g,
+    g + 4, g + 8, ... of a row of cols values (a multiple of 32) lie side by
+    side in its group-major copy (groups 0 and 1 of a last 32 are one more
+    each)."""
+    cdef Py_ssize_t g, n_groups = cols // 16
+    quarter[0] = 0
+    for g in range(4):
+        quarter[g + 1] = quarter[g] + 16 * ((n_groups - g + 3) // 4)
+
+
+cdef inline void _blocks_row(float* w, const uint8_t* row, Py_ssize_t nb, bint q5_0,
+                             const Py_ssize_t* quarter) noexcept nogil:
     """One Q8_0 (q5_0 False) or Q5_0 row's exact weights, as the GEMV forms
-    them (_block_weights)."""
+    them (_block_weights), each 16-value group at _slot."""
     cdef Py_ssize_t k, size = Q5_0_BYTES if q5_0 else Q8_0_BYTES
     cdef __m512 lo, hi
+    if quarter == NULL:  # (the common case without _slot's test per store)
+        for k in range(nb):
+            _block_weights(&lo, &hi, row, q5_0)
+            _mm512_storeu_ps(w + 32 * k, lo)
+            _mm512_storeu_ps(w + 32 * k + 16, hi)
+            row += size
+        return
     for k in range(nb):
         _block_weights(&lo, &hi, row, q5_0)
-        _mm512_storeu_ps(w + 32 * k, lo)
-        _mm512_storeu_ps(w + 32 * k + 16, hi)
+        _mm512_storeu_ps(_slot(w, quarter, 2 * k), lo)
+        _mm512_storeu_ps(_slot(w, quarter, 2 * k + 1), hi)
         row += size
 
 
@@ -230,22 +259,23 @@ cdef inline bint _gemm_takes_q5_0() noexcept nogil:
 
 
 cdef inline void _affine_row(float* w, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
-                             bint has_offset) noexcept nogil:
-    """One affine row's exact weights f32(f32(a * q) - b), as _affine32 forms them."""
+                             bint has_offset, const Py_ssize_t* quarter) noexcept nogil:
+    """One affine row's exact weights f32(f32(a * q) - b), as _affine32 forms
+    them, each 16-value group at _slot."""
     cdef Py_ssize_t k, rb = sub + 4 + (4 if has_offset else 0)
     cdef __m512 va, vb
     for k in range(cols // 32):
         va = _mm512_set1_ps(_load_f32(rec + sub))
         vb = _mm512_set1_ps(_load_f32(rec + sub + 4)) if has_offset else _mm512_setzero_ps()
-        _mm512_storeu_ps(w + 32 * k, _affine16(<const int8_t*> rec, va, vb, has_offset))
+        _mm512_storeu_ps(_slot(w, quarter, 2 * k), _affine16(<const int8_t*> rec, va, vb, has_offset))
         if sub == 16:  # the next 16 values are the next record's
             rec += rb
             va = _mm512_set1_ps(_load_f32(rec + 16))
             if has_offset:
                 vb = _mm512_set1_ps(_load_f32(rec + 20))
-            _mm512_storeu_ps(w + 32 * k + 16, _affine16(<const int8_t*> rec, va, vb, has_offset))
+            _mm512_storeu_ps(_slot(w, quarter, 2 * k + 1), _affine16(<const int8_t*> rec, va, vb, has_offset))
         else:
-            _mm512_storeu_ps(w + 32 * k + 16, _affine16(<const int8_t*> rec + 16, va, vb, has_offset))
+            _mm512_storeu_ps(_slot(w, quarter, 2 * k + 1), _affine16(<const int8_t*> rec + 16, va, vb, has_offset))
         rec += rb
 
 
@@ -282,14 +312,16 @@ cdef inline void _group_step_4x4(__m512* acc, const float* w0, const float* w1, 
 
 
 cdef void _affine_group_4x4(__m512* part, const float* w, Py_ssize_t w_stride, const float* x,
-                            Py_ssize_t x_stride, Py_ssize_t cols, Py_ssize_t g) noexcept nogil:
+                            Py_ssize_t x_stride, Py_ssize_t j, Py_ssize_t end, Py_ssize_t step) noexcept nogil:
     """part[4 r + t] = the 16 lanes of k_dot_affine's accumulator g for row r
     (w + r * w_stride) and position t (x + t * x_stride), rows and positions
-    0..3: the groups g, g + 4, ... of each 64 values, then group g of a last
-    32 if g < 2. In a function of its own, so that its 16 accumulators and
-    the four weight vectors are all gcc has to keep in registers."""
+    0..3: the 16 values at j, j + step, ... below end, which are the groups
+    g, g + 4, ... (then group g of a last 32 if g < 2) in order, in place
+    (j = 16 g, step 64) or group-major (step 16). In a function of its own,
+    so that its 16 accumulators and the four weight vectors are all gcc has
+    to keep in registers."""
     cdef __m512 acc[16]
-    cdef Py_ssize_t i, j = 16 * g
+    cdef Py_ssize_t i
     cdef const float* w1 = w + w_stride
     cdef const float* w2 = w + 2 * w_stride
     cdef const float* w3 = w + 3 * w_stride
@@ -298,15 +330,15 @@ cdef void _affine_group_4x4(__m512* part, const float* w, Py_ssize_t w_stride, c
     cdef const float* x3 = x + 3 * x_stride
     for i in range(16):
         acc[i] = _mm512_setzero_ps()
-    while j + 16 <= cols:
+    while j < end:
         _group_step_4x4(acc, w, w1, w2, w3, x, x1, x2, x3, j)
-        j += 64
+        j += step
     for i in range(16):
         part[i] = acc[i]
 
 
 cdef void _affine_group_4x6(__m512* part, const float* w, Py_ssize_t w_stride, const float* x,
-                            Py_ssize_t x_stride, Py_ssize_t cols, Py_ssize_t g) noexcept nogil:
+                            Py_ssize_t x_stride, Py_ssize_t j, Py_ssize_t end, Py_ssize_t step) noexcept nogil:
     """_affine_group_4x4 for rows 0..3 and positions 0..5: part[6 r + t]. 24
     accumulators, four weight vectors and one activation vector: 29 of the
     32 registers; each step loads 10 vectors for 24 FMAs (the 4 x 4 tile:
@@ -316,11 +348,10 @@ cdef void _affine_group_4x6(__m512* part, const float* w, Py_ssize_t w_stride, c
     cdef __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0
     cdef __m512 d0 = a0, d1 = a0, d2 = a0, d3 = a0, d4 = a0, d5 = a0
     cdef __m512 wa, wb, wc, wd, xv
-    cdef Py_ssize_t j = 16 * g
     cdef const float* w1 = w + w_stride
     cdef const float* w2 = w + 2 * w_stride
     cdef const float* w3 = w + 3 * w_stride
-    while j + 16 <= cols:
+    while j < end:
         wa = _mm512_loadu_ps(w + j); wb = _mm512_loadu_ps(w1 + j)
         wc = _mm512_loadu_ps(w2 + j); wd = _mm512_loadu_ps(w3 + j)
         xv = _mm512_loadu_ps(x + j)
@@ -341,7 +372,7 @@ cdef void _affine_group_4x6(__m512* part, const float* w, Py_ssize_t w_stride, c
         xv = _mm512_loadu_ps(x + 5 * x_stride + j)
         a5 = _mm512_fmadd_ps(wa, xv, a5); b5 = _mm512_fmadd_ps(wb, xv, b5)
         c5 = _mm512_fmadd_ps(wc, xv, c5); d5 = _mm512_fmadd_ps(wd, xv, d5)
-        j += 64
+        j += step
     part[0] = a0; part[1] = a1; part[2] = a2; part[3] = a3; part[4] = a4; part[5] = a5
     part[6] = b0; part[7] = b1; part[8] = b2; part[9] = b3; part[10] = b4; part[11] = b5
     part[12] = c0; part[13] = c1; part[14] = c2; part[15] = c3; part[16] = c4; part[17] = c5
@@ -365,23 +396,27 @@ cdef inline void _tile_sums(float* out, Py_ssize_t out_stride, __m512 (*part)[24
 
 
 cdef void _affine_4x6(float* out, Py_ssize_t out_stride, const float* w, Py_ssize_t w_stride, const float* x,
-                      Py_ssize_t cols) noexcept nogil:
+                      Py_ssize_t x_stride, const Py_ssize_t* first, const Py_ssize_t* end,
+                      Py_ssize_t step) noexcept nogil:
     """out[t * out_stride + r] = k_dot_affine of row r (its exact weights at
-    w + r * w_stride) with position t (x + t * cols), rows 0..3, positions 0..5."""
+    w + r * w_stride) with position t (x + t * x_stride), rows 0..3,
+    positions 0..5; accumulator g's values at first[g], first[g] + step, ...
+    below end[g] (see _gemm)."""
     cdef __m512 part[4][24]  # (g, 6 r + t)
     cdef Py_ssize_t g
     for g in range(4):
-        _affine_group_4x6(part[g], w, w_stride, x, cols, cols, g)
+        _affine_group_4x6(part[g], w, w_stride, x, x_stride, first[g], end[g], step)
     _tile_sums(out, out_stride, part, 6, 24)
 
 
 cdef void _affine_4x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssize_t w_stride, const float* x,
-                      Py_ssize_t cols) noexcept nogil:
+                      Py_ssize_t x_stride, const Py_ssize_t* first, const Py_ssize_t* end,
+                      Py_ssize_t step) noexcept nogil:
     """_affine_4x6 for positions 0..3."""
     cdef __m512 part[4][24]  # (g, 4 r + t): the first 16
     cdef Py_ssize_t g
     for g in range(4):
-        _affine_group_4x4(part[g], w, w_stride, x, cols, cols, g)
+        _affine_group_4x4(part[g], w, w_stride, x, x_stride, first[g], end[g], step)
     _tile_sums(out, out_stride, part, 4, 16)
 
 
@@ -389,25 +424,57 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
                 float* scratch) noexcept nogil:
     """k_gemm of a Q8_0, Q5_0 or affine matrix by the blocked kernel above:
     positions in passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows'
-    weights formed at a time (they stay in L1/L2), the 4 x 4 kernel over
-    every four rows and six (then four) positions of the pass; rows and positions no whole
-    tile covers by the GEMV's own dot product (the same bits). Other
-    matrices: _gemm_by_rows."""
+    weights formed at a time (they stay in L1/L2), the 4 x 6 kernel over
+    every four rows and six positions of the pass (4 x 4 for four left
+    over); rows and positions no whole tile covers by the GEMV's own dot
+    product (the same bits). Rows of GEMM_GROUP_MAJOR_COLS values or more
+    are formed, and each pass's positions copied, group-major: accumulator
+    g's groups side by side, so that each of its passes reads one run
+    rather than every fourth 64 bytes of rows that no longer fit L1 (a
+    measured choice: docs/benchmarks.md#history). Other matrices:
+    _gemm_by_rows."""
     cdef bint q5_0 = w.layout == QLAYOUT_Q5_0
     cdef bint blocks = w.layout == QLAYOUT_Q8_0 or q5_0
-    cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK, row_bytes, t, t0, tn, r, i, n
-    cdef float* wt = scratch  # (GEMM_ROW_TILE, ws) the rows' weights
+    cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK, row_bytes, t, t0, tn, r, i, n, g
     # rows ws = cols + 16 floats apart: at 1,024 or 2,048 columns, rows a
     # multiple of 4 KiB apart fall in the same L1 sets as each other and as
     # the activations, and evict each other (docs/benchmarks.md#history)
     cdef Py_ssize_t ws = cols + GEMM_ROW_PAD
+    cdef float* wt = scratch  # (GEMM_ROW_TILE, ws) the rows' weights
+    cdef float* xt = scratch + GEMM_ROW_TILE * ws  # (GEMM_POSITION_TILE, ws) group-major positions
+    cdef const float* xp  # the pass's positions as the kernel reads them, xs apart
+    cdef Py_ssize_t xs, step
+    cdef Py_ssize_t quarter[5]
+    cdef Py_ssize_t first[4]
+    cdef Py_ssize_t end[4]
+    cdef const Py_ssize_t* layout = NULL  # NULL: rows in place; else quarter (group-major)
     if not (blocks or w.layout == QLAYOUT_AFFINE) or scratch == NULL:
         _gemm_by_rows(out, w, x, n_tokens)
         return
+    if cols >= GEMM_GROUP_MAJOR_COLS:
+        _quarters(quarter, cols)
+        layout = quarter
+        step = 16
+        for g in range(4):
+            first[g] = quarter[g]
+            end[g] = quarter[g + 1]
+    else:
+        step = 64
+        for g in range(4):
+            first[g] = 16 * g
+            end[g] = cols - 15  # j + 16 <= cols
     row_bytes = nb * (Q5_0_BYTES if q5_0 else Q8_0_BYTES) if blocks else _affine_row_bytes(w)
     t0 = 0
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_POSITION_TILE, n_tokens - t0)
+        xp = x + t0 * cols
+        xs = cols
+        if layout != NULL:
+            for t in range(tn):
+                for g in range(cols // 16):
+                    _mm512_storeu_ps(_slot(xt + t * ws, layout, g), _mm512_loadu_ps(x + (t0 + t) * cols + 16 * g))
+            xp = xt
+            xs = ws
         r = 0
         while r < rows:
             n = min(<Py_ssize_t> GEMM_ROW_TILE, rows - r)
@@ -415,19 +482,21 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
                 if not w.resident:
                     _prefetch_row(w.blocks + (r + i) * row_bytes, row_bytes)
                 if blocks:
-                    _blocks_row(wt + i * ws, w.blocks + (r + i) * row_bytes, nb, q5_0)
+                    _blocks_row(wt + i * ws, w.blocks + (r + i) * row_bytes, nb, q5_0, layout)
                 else:
-                    _affine_row(wt + i * ws, w.blocks + (r + i) * row_bytes, cols, w.sub, w.has_offset)
+                    _affine_row(wt + i * ws, w.blocks + (r + i) * row_bytes, cols, w.sub, w.has_offset, layout)
             i = 0
             while i + 4 <= n:
-                t = t0
-                while t + 6 <= t0 + tn:
-                    _affine_4x6(out + t * rows + r + i, rows, wt + i * ws, ws, x + t * cols, cols)
+                t = 0
+                while t + 6 <= tn:
+                    _affine_4x6(out + (t0 + t) * rows + r + i, rows, wt + i * ws, ws, xp + t * xs, xs, first, end,
+                                step)
                     t += 6
-                if t + 4 <= t0 + tn:
-                    _affine_4x4(out + t * rows + r + i, rows, wt + i * ws, ws, x + t * cols, cols)
+                if t + 4 <= tn:
+                    _affine_4x4(out + (t0 + t) * rows + r + i, rows, wt + i * ws, ws, xp + t * xs, xs, first, end,
+                                step)
                     t += 4
-                _dots(out, w, r + i, 4, t, t0 + tn, row_bytes, x)
+                _dots(out, w, r + i, 4, t0 + t, t0 + tn, row_bytes, x)
                 i += 4
             _dots(out, w, r + i, n - i, t0, t0 + tn, row_bytes, x)
             r += n
