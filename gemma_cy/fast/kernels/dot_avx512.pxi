@@ -209,9 +209,10 @@ cdef enum:
 
 
 cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
-    # the rows' weights and a pass's positions as f32 (_gemm), or a q8 panel and its tables (q8_vnni.pxi)
-    return max((GEMM_ROW_TILE + min(n_tokens, <Py_ssize_t> GEMM_POSITION_TILE)) * (cols + GEMM_ROW_PAD),
-               (_gemm_q8_scratch_bytes(cols, n_tokens) + 3) // 4)
+    # the rows' weights (and a pass's positions, for long rows) as f32 (_gemm), or a q8 panel and its
+    # tables (q8_vnni.pxi)
+    cdef Py_ssize_t positions = min(n_tokens, <Py_ssize_t> GEMM_POSITION_TILE) if cols >= GEMM_GROUP_MAJOR_COLS else 0
+    return max((GEMM_ROW_TILE + positions) * (cols + GEMM_ROW_PAD), (_gemm_q8_scratch_bytes(cols, n_tokens) + 3) // 4)
 
 
 cdef inline float* _slot(float* w, const Py_ssize_t* quarter, Py_ssize_t group) noexcept nogil:
@@ -233,19 +234,20 @@ cdef inline void _quarters(Py_ssize_t* quarter, Py_ssize_t cols) noexcept nogil:
         quarter[g + 1] = quarter[g] + 16 * ((n_groups - g + 3) // 4)
 
 
+cdef inline void _group_major_row(float* dst, const float* src, Py_ssize_t cols,
+                                  const Py_ssize_t* quarter) noexcept nogil:
+    """dst = the row src of cols values, each 16-value group at _slot."""
+    cdef Py_ssize_t k
+    for k in range(cols // 16):
+        _mm512_storeu_ps(_slot(dst, quarter, k), _mm512_loadu_ps(src + 16 * k))
+
+
 cdef inline void _blocks_row(float* w, const uint8_t* row, Py_ssize_t nb, bint q5_0,
                              const Py_ssize_t* quarter) noexcept nogil:
     """One Q8_0 (q5_0 False) or Q5_0 row's exact weights, as the GEMV forms
     them (_block_weights), each 16-value group at _slot."""
     cdef Py_ssize_t k, size = Q5_0_BYTES if q5_0 else Q8_0_BYTES
     cdef __m512 lo, hi
-    if quarter == NULL:  # (the common case without _slot's test per store)
-        for k in range(nb):
-            _block_weights(&lo, &hi, row, q5_0)
-            _mm512_storeu_ps(w + 32 * k, lo)
-            _mm512_storeu_ps(w + 32 * k + 16, hi)
-            row += size
-        return
     for k in range(nb):
         _block_weights(&lo, &hi, row, q5_0)
         _mm512_storeu_ps(_slot(w, quarter, 2 * k), lo)
@@ -441,7 +443,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     # the activations, and evict each other (docs/benchmarks.md#history)
     cdef Py_ssize_t ws = cols + GEMM_ROW_PAD
     cdef float* wt = scratch  # (GEMM_ROW_TILE, ws) the rows' weights
-    cdef float* xt = scratch + GEMM_ROW_TILE * ws  # (GEMM_POSITION_TILE, ws) group-major positions
+    cdef float* xt = scratch + GEMM_ROW_TILE * ws  # (<= GEMM_POSITION_TILE, ws) the pass's positions, long rows
     cdef const float* xp  # the pass's positions as the kernel reads them, xs apart
     cdef Py_ssize_t xs, step
     cdef Py_ssize_t quarter[5]
@@ -471,8 +473,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
         xs = cols
         if layout != NULL:
             for t in range(tn):
-                for g in range(cols // 16):
-                    _mm512_storeu_ps(_slot(xt + t * ws, layout, g), _mm512_loadu_ps(x + (t0 + t) * cols + 16 * g))
+                _group_major_row(xt + t * ws, x + (t0 + t) * cols, cols, layout)
             xp = xt
             xs = ws
         r = 0
@@ -535,7 +536,7 @@ cdef inline void _sum16x8(float* out, __m512 a0, __m512 a1, __m512 a2, __m512 a3
     quarters Q0..Q3 of each vector become Q0 + Q1 and Q2 + Q3 (lanes i + i+4
     of each half), then lanes (0 + 1) and (2 + 3) of each quarter, then their
     sum; each half's _sum8 sits in one lane, and the two halves are added."""
-    # (Q0 + Q1, Q2 + Q3) of keys k and k+1 side by side: [k lo, k hi, k+1 lo, k+1 hi]
+    # (Q0 + Q1, Q2 + Q3) of vectors k and k+1 side by side: [k lo, k hi, k+1 lo, k+1 hi]
     cdef __m512 p01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x88), _mm512_shuffle_f32x4(a0, a1, 0xDD))
     cdef __m512 p23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x88), _mm512_shuffle_f32x4(a2, a3, 0xDD))
     cdef __m512 p45 = _mm512_add_ps(_mm512_shuffle_f32x4(a4, a5, 0x88), _mm512_shuffle_f32x4(a4, a5, 0xDD))
@@ -543,7 +544,7 @@ cdef inline void _sum16x8(float* out, __m512 a0, __m512 a1, __m512 a2, __m512 a3
     # per quarter: [P0 + P1, P2 + P3, Q0 + Q1, Q2 + Q3] of two vectors P, Q
     cdef __m512 t = _mm512_add_ps(_mm512_shuffle_ps(p01, p23, 0x88), _mm512_shuffle_ps(p01, p23, 0xDD))
     cdef __m512 u = _mm512_add_ps(_mm512_shuffle_ps(p45, p67, 0x88), _mm512_shuffle_ps(p45, p67, 0xDD))
-    # quarter 0: the low halves' _sum8 of keys 0, 2, 4, 6; 1: their high halves; 2, 3: keys 1, 3, 5, 7
+    # quarter 0: the low halves' _sum8 of vectors 0, 2, 4, 6; 1: their high halves; 2, 3: of 1, 3, 5, 7
     cdef __m512 w = _mm512_add_ps(_mm512_shuffle_ps(t, u, 0x88), _mm512_shuffle_ps(t, u, 0xDD))
     cdef __m512 f = _mm512_add_ps(w, _mm512_shuffle_f32x4(w, w, 0xB1))  # low + high: quarters 0 and 2
     _mm512_mask_storeu_ps(out, 0xFF, _mm512_permutexvar_ps(
