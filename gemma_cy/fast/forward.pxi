@@ -115,8 +115,8 @@ cdef struct LayerWeights:
 
 
 cdef struct LayerCache:
-    float* keys  # (rows, nkv, hd): the rotated key of position p at row p % rows
-    float* values  # (rows, nkv, hd): its raw value
+    float* keys  # (nkv, rows, hd): kv head h's rotated key of position p at [h, p % rows]
+    float* values  # (nkv, rows, hd): its raw value
     Py_ssize_t rows  # cache_len; for a sliding-window layer at most window + RING_SLACK (a ring)
     Py_ssize_t window  # the layer's window (0: every position)
 
@@ -487,16 +487,19 @@ cdef class FastModel:
     cdef int _lay_out_cache(self, object config, Py_ssize_t cache_len) except -1:
         """Each layer's keys and values: cache_len rows, or for a layer with a
         sliding window a ring of window + RING_SLACK rows, all in one map
-        that takes memory as rows fill."""
+        that takes memory as rows fill. Head-major, (nkv, rows, hd) per layer:
+        attention reads one kv head's rows of consecutive positions, and they
+        lie one after another in memory (docs/architecture.md#kv-cache);
+        key_cache[layer] shows them as (rows, nkv, hd), as the reference's."""
         self.caches = <LayerCache*> PyMem_Malloc(config.n_layers * sizeof(LayerCache))
         if self.caches == NULL:
             raise MemoryError("FastModel: no memory for the cache table")
         windows = [config.window(layer) for layer in range(config.n_layers)]
         rows = [min(cache_len, w + RING_SLACK) if w > 0 else cache_len for w in windows]
-        keys = _filled_as_used((sum(rows), config.n_kv_heads, config.head_dim))
-        values = _filled_as_used((sum(rows), config.n_kv_heads, config.head_dim))
-        cdef float* k0 = _f32(keys.reshape(-1), self._keep)
-        cdef float* v0 = _f32(values.reshape(-1), self._keep)
+        keys = _filled_as_used(sum(rows) * self.kv_dim)
+        values = _filled_as_used(sum(rows) * self.kv_dim)
+        cdef float* k0 = _f32(keys, self._keep)
+        cdef float* v0 = _f32(values, self._keep)
         cdef Py_ssize_t layer, at = 0
         for layer in range(config.n_layers):
             self.caches[layer].keys = k0 + at * self.kv_dim
@@ -504,9 +507,12 @@ cdef class FastModel:
             self.caches[layer].rows = rows[layer]
             self.caches[layer].window = windows[layer]
             at += rows[layer]
-        starts = np.cumsum([0] + rows)
-        self.key_cache = tuple(_read_only_view(keys[a:b]) for a, b in zip(starts[:-1], starts[1:]))
-        self.value_cache = tuple(_read_only_view(values[a:b]) for a, b in zip(starts[:-1], starts[1:]))
+        starts = np.cumsum([0] + rows) * self.kv_dim
+        shapes = [(config.n_kv_heads, n, config.head_dim) for n in rows]
+        self.key_cache = tuple(_read_only_view(keys[a:b].reshape(shape).transpose(1, 0, 2))
+                               for a, b, shape in zip(starts[:-1], starts[1:], shapes))
+        self.value_cache = tuple(_read_only_view(values[a:b].reshape(shape).transpose(1, 0, 2))
+                                 for a, b, shape in zip(starts[:-1], starts[1:], shapes))
         self.high = 0
         return 0
 
@@ -792,7 +798,7 @@ cdef class FastModel:
         of one kv head over a tile of up to ATT_TILE positions go together,
         each row's scores and sums taking the steps one position alone takes."""
         cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads, kvd = self.kv_dim
-        cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, t, row
+        cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, t, row, head
         cdef LayerCache* kv = &self.caches[layer]
         cdef float* k = self.k_block  # (T, nkv, hd)
         cdef float* v = self.v_block  # (T, nkv, hd)
@@ -810,8 +816,9 @@ cdef class FastModel:
         self.observe_layer(layer, OP_V, v, kvd)
         for t in range(T):  # into the cache rows of positions pos0 .. pos0+T-1
             row = (pos0 + t) % kv.rows
-            memcpy(kv.keys + row * kvd, k + t * kvd, kvd * sizeof(float))
-            memcpy(kv.values + row * kvd, v + t * kvd, kvd * sizeof(float))
+            for head in range(nkv):
+                memcpy(kv.keys + (head * kv.rows + row) * hd, k + t * kvd + head * hd, hd * sizeof(float))
+                memcpy(kv.values + (head * kv.rows + row) * hd, v + t * kvd + head * hd, hd * sizeof(float))
 
         cdef Py_ssize_t t0 = 0, n_pos, h, g, n_group
         while t0 < T:
@@ -892,7 +899,7 @@ cdef class FastModel:
             row = pos % kv.rows
             n = min(hi - pos, kv.rows - row)
             k_scores(att + (pos - lo), att_stride, self.q_tile, self.head_dim, rows,
-                     kv.keys + row * self.kv_dim + g * self.head_dim, self.kv_dim, n, self.head_dim)
+                     kv.keys + (g * kv.rows + row) * self.head_dim, self.head_dim, n, self.head_dim)
             pos += n
 
     cdef inline void weighted_values(self, float* y, const float* probs, Py_ssize_t probs_stride, Py_ssize_t m,
@@ -905,7 +912,7 @@ cdef class FastModel:
             row = pos % kv.rows
             n = min(b - pos, kv.rows - row)
             k_weighted_rows(y, self.head_dim, probs + (pos - a), probs_stride, m,
-                            kv.values + row * self.kv_dim + g * self.head_dim, self.kv_dim, n, self.head_dim)
+                            kv.values + (g * kv.rows + row) * self.head_dim, self.head_dim, n, self.head_dim)
             pos += n
 
     cdef inline void mlp(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t T) noexcept nogil:

@@ -599,7 +599,12 @@ cdef void k_scores(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t
     # keys SCORES_AHEAD on are hinted a share before each row's pass, since
     # hinting all 8 at once fills the miss buffers and leaves nothing in
     # flight while the scores run (docs/benchmarks.md#history).
+    # A module may have a variant for few rows over a contiguous span (the
+    # avx512 one's _scores_few: decode over the head-major cache); it gives
+    # the same bits.
     cdef Py_ssize_t r, i = 0, first, per_row = (8 + m - 1) // m
+    if _scores_few(out, out_stride, q, q_stride, m, keys, key_stride, n_keys, n):
+        return
     while i + 8 <= n_keys:
         for r in range(m):
             first = i + SCORES_AHEAD + r * per_row
@@ -636,7 +641,11 @@ cdef void k_weighted_rows(float* y, Py_ssize_t y_stride, const float* w, Py_ssiz
     # it is read, so that reads stay in flight while the sums run (a whole
     # pass hinted at once does not: docs/benchmarks.md#history). A sum split
     # over passes has the bits of one pass (each module's _weighted_rows_pass).
+    # A module may have a variant for few rows over a contiguous span
+    # (_weighted_few, as _scores_few in k_scores), with the same bits.
     cdef Py_ssize_t i = 0, k, rows = WEIGHTED_ROWS_PASS, ahead = WEIGHTED_ROWS_PASS
+    if _weighted_few(y, y_stride, w, w_stride, m, x, x_stride, n_x, n):
+        return
     if m <= WEIGHTED_ROWS_FEW:
         rows = 1
         ahead = WEIGHTED_ROWS_AHEAD

@@ -627,3 +627,14 @@ cdef inline void _affine_grouped(float* out, const uint8_t* rec, Py_ssize_t cols
 cdef inline void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
                                      const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
     _weighted_rows_pass_portable(y, y_stride, w, w_stride, m, x, x_stride, n_x, n)
+
+
+cdef inline bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
+                             const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys,
+                             Py_ssize_t n) noexcept nogil:
+    return False  # no decode variant here: k_scores' own loop
+
+
+cdef inline bint _weighted_few(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                               const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    return False  # no decode variant here: k_weighted_rows' own passes

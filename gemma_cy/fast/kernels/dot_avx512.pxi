@@ -680,6 +680,190 @@ cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_
         r += 1
 
 
+# Attention at decode (_scores_few, _weighted_few): a step's query heads of
+# one kv head are m <= 4 rows, and the keys and values of the span come from
+# DRAM, read once. Each key (value) vector is loaded once for all m rows, and
+# the span is read in the order of memory with one hint per 64 bytes read,
+# FEW_AHEAD_BYTES ahead: hints spread over the work keep a steady number of
+# reads in flight (the hardware prefetcher alone, or hints in bursts, left
+# the span streaming at half the read probe: docs/benchmarks.md#history).
+
+cdef enum:
+    FEW_AHEAD_BYTES = 8192  # how far ahead of the reads the hints run
+
+
+cdef inline void _hint_lines(const char** next, const char* end, Py_ssize_t n_lines) noexcept nogil:
+    """Hint the next n_lines lines of a stream (next[0] moves on; nothing past end)."""
+    cdef Py_ssize_t l
+    for l in range(n_lines):
+        if next[0] < end:
+            __builtin_prefetch(next[0])
+            next[0] += 64
+
+
+cdef inline void _add4(__m512* a0, __m512* a1, __m512* a2, __m512* a3, __m512 q, __m512 k0, __m512 k1,
+                       __m512 k2, __m512 k3) noexcept nogil:
+    a0[0] = _mm512_fmadd_ps(q, k0, a0[0])
+    a1[0] = _mm512_fmadd_ps(q, k1, a1[0])
+    a2[0] = _mm512_fmadd_ps(q, k2, a2[0])
+    a3[0] = _mm512_fmadd_ps(q, k3, a3[0])
+
+
+cdef inline void _score_tails(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
+                              const float* keys, Py_ssize_t key_stride, Py_ssize_t j, Py_ssize_t n) noexcept nogil:
+    """The tails j .. n-1 of 4 keys' scores for m rows, by FMAs in order (as _scores8)."""
+    cdef Py_ssize_t r, k, i
+    cdef float s
+    for r in range(m):
+        for k in range(4):
+            s = out[r * out_stride + k]
+            for i in range(j, n):
+                s = fmaf(q[r * q_stride + i], keys[k * key_stride + i], s)
+            out[r * out_stride + k] = s
+
+
+cdef bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
+                      const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys, Py_ssize_t n) noexcept nogil:
+    """k_scores for m <= 4 rows and keys n floats apart (a kv head's span of
+    the head-major cache), 4 keys at a time for every row: 4 m FMA chains,
+    each key vector loaded once; each score is _score's steps (a 16-lane
+    chain over the whole 16s, _sum16 by _sum16x8, the tail in order).
+    False, with nothing done, for other shapes."""
+    cdef __m512 z = _mm512_setzero_ps()
+    cdef __m512 a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3, k0, k1, k2, k3
+    cdef Py_ssize_t i = 0, j, r
+    cdef const float* kp
+    cdef const char* hint = <const char*> keys + FEW_AHEAD_BYTES
+    cdef const char* end = <const char*> (keys + n_keys * n)
+    cdef float sums[16]
+    if m > 4 or key_stride != n or n < 16:
+        return False
+    while i + 4 <= n_keys:
+        kp = keys + i * n
+        a0 = z; a1 = z; a2 = z; a3 = z; b0 = z; b1 = z; b2 = z; b3 = z
+        c0 = z; c1 = z; c2 = z; c3 = z; d0 = z; d1 = z; d2 = z; d3 = z
+        j = 0
+        while j + 16 <= n:
+            k0 = _mm512_loadu_ps(kp + j)
+            k1 = _mm512_loadu_ps(kp + n + j)
+            k2 = _mm512_loadu_ps(kp + 2 * n + j)
+            k3 = _mm512_loadu_ps(kp + 3 * n + j)
+            _hint_lines(&hint, end, 4)
+            _add4(&a0, &a1, &a2, &a3, _mm512_loadu_ps(q + j), k0, k1, k2, k3)
+            if m > 1:
+                _add4(&b0, &b1, &b2, &b3, _mm512_loadu_ps(q + q_stride + j), k0, k1, k2, k3)
+            if m > 2:
+                _add4(&c0, &c1, &c2, &c3, _mm512_loadu_ps(q + 2 * q_stride + j), k0, k1, k2, k3)
+            if m > 3:
+                _add4(&d0, &d1, &d2, &d3, _mm512_loadu_ps(q + 3 * q_stride + j), k0, k1, k2, k3)
+            j += 16
+        _sum16x8(sums, a0, a1, a2, a3, b0, b1, b2, b3)
+        _sum16x8(sums + 8, c0, c1, c2, c3, d0, d1, d2, d3)
+        for r in range(m):
+            memcpy(out + r * out_stride + i, sums + 4 * r, 4 * sizeof(float))
+        if j < n:
+            _score_tails(out + i, out_stride, q, q_stride, m, kp, n, j, n)
+        i += 4
+    while i < n_keys:
+        for r in range(m):
+            out[r * out_stride + i] = _score(q + r * q_stride, keys + i * n, n)
+        i += 1
+    return True
+
+
+cdef inline void _axpy4(__m512* a0, __m512* a1, __m512* a2, __m512* a3, float w, __m512 x0, __m512 x1,
+                        __m512 x2, __m512 x3) noexcept nogil:
+    cdef __m512 wv = _mm512_set1_ps(w)
+    a0[0] = _mm512_fmadd_ps(wv, x0, a0[0])
+    a1[0] = _mm512_fmadd_ps(wv, x1, a1[0])
+    a2[0] = _mm512_fmadd_ps(wv, x2, a2[0])
+    a3[0] = _mm512_fmadd_ps(wv, x3, a3[0])
+
+
+cdef inline void _weighted_tile(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                                const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n,
+                                const char** hint, const char* end) noexcept nogil:
+    """y (m <= 4, n <= 64) += w (m, n_x) . x (n_x, n): y in 4 m registers,
+    each x vector loaded once for the m rows; a hint per 64 bytes of x."""
+    cdef __m512 z = _mm512_setzero_ps()
+    cdef __m512 a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z
+    cdef __m512 c0 = z, c1 = z, c2 = z, c3 = z, d0 = z, d1 = z, d2 = z, d3 = z, x0, x1, x2, x3
+    cdef __mmask16 k0 = _low_lanes(n), k1 = _low_lanes(n - 16) if n > 16 else 0
+    cdef __mmask16 k2 = _low_lanes(n - 32) if n > 32 else 0, k3 = _low_lanes(n - 48) if n > 48 else 0
+    cdef Py_ssize_t i, r, lines = (n + 15) // 16
+    cdef const float* xi
+    cdef float* yr
+    for r in range(m):  # (the registers of rows past m stay 0 and are never stored)
+        yr = y + r * y_stride
+        x0 = _mm512_maskz_loadu_ps(k0, yr); x1 = _mm512_maskz_loadu_ps(k1, yr + 16)
+        x2 = _mm512_maskz_loadu_ps(k2, yr + 32); x3 = _mm512_maskz_loadu_ps(k3, yr + 48)
+        if r == 0:
+            a0 = x0; a1 = x1; a2 = x2; a3 = x3
+        elif r == 1:
+            b0 = x0; b1 = x1; b2 = x2; b3 = x3
+        elif r == 2:
+            c0 = x0; c1 = x1; c2 = x2; c3 = x3
+        else:
+            d0 = x0; d1 = x1; d2 = x2; d3 = x3
+    for i in range(n_x):
+        xi = x + i * x_stride
+        x0 = _mm512_maskz_loadu_ps(k0, xi); x1 = _mm512_maskz_loadu_ps(k1, xi + 16)
+        x2 = _mm512_maskz_loadu_ps(k2, xi + 32); x3 = _mm512_maskz_loadu_ps(k3, xi + 48)
+        _hint_lines(hint, end, lines)
+        _axpy4(&a0, &a1, &a2, &a3, w[i], x0, x1, x2, x3)
+        if m > 1:
+            _axpy4(&b0, &b1, &b2, &b3, w[w_stride + i], x0, x1, x2, x3)
+        if m > 2:
+            _axpy4(&c0, &c1, &c2, &c3, w[2 * w_stride + i], x0, x1, x2, x3)
+        if m > 3:
+            _axpy4(&d0, &d1, &d2, &d3, w[3 * w_stride + i], x0, x1, x2, x3)
+    for r in range(m):
+        if r == 0:
+            x0 = a0; x1 = a1; x2 = a2; x3 = a3
+        elif r == 1:
+            x0 = b0; x1 = b1; x2 = b2; x3 = b3
+        elif r == 2:
+            x0 = c0; x1 = c1; x2 = c2; x3 = c3
+        else:
+            x0 = d0; x1 = d1; x2 = d2; x3 = d3
+        yr = y + r * y_stride
+        _mm512_mask_storeu_ps(yr, k0, x0); _mm512_mask_storeu_ps(yr + 16, k1, x1)
+        _mm512_mask_storeu_ps(yr + 32, k2, x2); _mm512_mask_storeu_ps(yr + 48, k3, x3)
+
+
+cdef enum:
+    FEW_PASS_ROWS = 16  # x rows per pass of _weighted_few for rows over 64 columns (16 KB at 256: L1)
+
+
+cdef bint _weighted_few(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                        const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    """k_weighted_rows for m <= 4 rows and x rows n floats apart (a kv
+    head's span of the head-major cache): up to 64 columns at a time in
+    registers (_weighted_tile); rows of up to 64 columns in one pass over x,
+    in the order of memory; wider ones in passes of FEW_PASS_ROWS x rows
+    (in L1 while each 64 columns go over them), the hints a pass further
+    ahead. Every value takes y = fma(w[r, i], x[i], y) in the order of i,
+    as _weighted_rows_pass. False, with nothing done, for other shapes."""
+    cdef Py_ssize_t i, k, c
+    cdef const char* hint = <const char*> x + FEW_AHEAD_BYTES
+    cdef const char* end = <const char*> (x + n_x * n)
+    if m > 4 or x_stride != n:
+        return False
+    if n <= 64:
+        _weighted_tile(y, y_stride, w, w_stride, m, x, n, n_x, n, &hint, end)
+        return True
+    hint += FEW_PASS_ROWS * n * sizeof(float)
+    i = 0
+    while i < n_x:
+        k = min(<Py_ssize_t> FEW_PASS_ROWS, n_x - i)
+        c = 0
+        while c < n:
+            _weighted_tile(y + c, y_stride, w + i, w_stride, m, x + i * n + c, n, k, min(n - c, 64), &hint, end)
+            c += 64
+        i += k
+    return True
+
+
 # k_dot_affine (see kernels/common.pxi): per 16 values, the exact weights
 # f32(f32(a * q) - b) (one widening, one product, one subtraction) and one
 # FMA with x. Four accumulators, so that four FMA chains run at once: the

@@ -123,3 +123,14 @@ cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_
 
 cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
     return _dot_q4_k_portable(row, ab, x, cols)
+
+
+cdef inline bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
+                             const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys,
+                             Py_ssize_t n) noexcept nogil:
+    return False  # no decode variant here: k_scores' own loop
+
+
+cdef inline bint _weighted_few(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                               const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    return False  # no decode variant here: k_weighted_rows' own passes
