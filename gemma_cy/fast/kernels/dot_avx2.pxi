@@ -629,12 +629,170 @@ cdef inline void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float*
     _weighted_rows_pass_portable(y, y_stride, w, w_stride, m, x, x_stride, n_x, n)
 
 
-cdef inline bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
-                             const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys,
-                             Py_ssize_t n) noexcept nogil:
-    return False  # no decode variant here: k_scores' own loop
+
+# Attention at decode (_scores_few, _weighted_few): as the avx512 module's
+# (see there), with 8-lane vectors: a step's query heads of one kv head are
+# m <= 4 rows, and the span of keys or values is read once, in the order of
+# memory, with hints FEW_AHEAD_BYTES ahead spread over the work.
+
+cdef enum:
+    FEW_AHEAD_BYTES = 8192  # how far ahead of the reads the hints run
+    FEW_PASS_ROWS = 16  # x rows per pass of _weighted_few (in L1 while each 16 columns go over them)
 
 
-cdef inline bint _weighted_few(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
-                               const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
-    return False  # no decode variant here: k_weighted_rows' own passes
+cdef inline void _hint_bytes(const char** next, const char* end, Py_ssize_t n_bytes) noexcept nogil:
+    """Hint the line at next[0] and move on n_bytes (nothing past end)."""
+    if next[0] < end:
+        __builtin_prefetch(next[0])
+    next[0] += n_bytes
+
+
+cdef inline void _add4(__m256* a0, __m256* a1, __m256* a2, __m256* a3, __m256 q, __m256 k0, __m256 k1,
+                       __m256 k2, __m256 k3) noexcept nogil:
+    a0[0] = _mm256_fmadd_ps(q, k0, a0[0])
+    a1[0] = _mm256_fmadd_ps(q, k1, a1[0])
+    a2[0] = _mm256_fmadd_ps(q, k2, a2[0])
+    a3[0] = _mm256_fmadd_ps(q, k3, a3[0])
+
+
+cdef bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
+                      const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys, Py_ssize_t n) noexcept nogil:
+    """k_scores for m <= 4 rows and keys n floats apart (a kv head's span of
+    the head-major cache), 4 keys at a time, two rows per pass over them (8
+    chains; the first pass reads the keys from memory, the second from L1);
+    each score is _score's steps (an 8-lane chain over the whole 8s, _sum8
+    by _sum8x4, the tail in order). False, with nothing done, for other
+    shapes."""
+    cdef __m256 z = _mm256_setzero_ps()
+    cdef __m256 a0, a1, a2, a3, b0, b1, b2, b3, k0, k1, k2, k3
+    cdef Py_ssize_t i = 0, j, r, rp, k, t
+    cdef const float* kp
+    cdef const char* hint = <const char*> keys + FEW_AHEAD_BYTES
+    cdef const char* end = <const char*> (keys + n_keys * n)
+    cdef float s
+    if m > 4 or key_stride != n or n < 8:
+        return False
+    while i + 4 <= n_keys:
+        kp = keys + i * n
+        rp = 0
+        while rp < m:
+            a0 = z; a1 = z; a2 = z; a3 = z; b0 = z; b1 = z; b2 = z; b3 = z
+            j = 0
+            while j + 8 <= n:
+                k0 = _mm256_loadu_ps(kp + j)
+                k1 = _mm256_loadu_ps(kp + n + j)
+                k2 = _mm256_loadu_ps(kp + 2 * n + j)
+                k3 = _mm256_loadu_ps(kp + 3 * n + j)
+                if rp == 0:
+                    _hint_bytes(&hint, end, 64)
+                    _hint_bytes(&hint, end, 64)
+                _add4(&a0, &a1, &a2, &a3, _mm256_loadu_ps(q + rp * q_stride + j), k0, k1, k2, k3)
+                if rp + 1 < m:
+                    _add4(&b0, &b1, &b2, &b3, _mm256_loadu_ps(q + (rp + 1) * q_stride + j), k0, k1, k2, k3)
+                j += 8
+            _sum8x4(out + rp * out_stride + i, 1, a0, a1, a2, a3, 1.0)
+            if rp + 1 < m:
+                _sum8x4(out + (rp + 1) * out_stride + i, 1, b0, b1, b2, b3, 1.0)
+            rp += 2
+        if j < n:
+            for r in range(m):
+                for k in range(4):
+                    s = out[r * out_stride + i + k]
+                    for t in range(j, n):
+                        s = fmaf(q[r * q_stride + t], kp[k * n + t], s)
+                    out[r * out_stride + i + k] = s
+        i += 4
+    while i < n_keys:
+        for r in range(m):
+            out[r * out_stride + i] = _score(q + r * q_stride, keys + i * n, n)
+        i += 1
+    return True
+
+
+cdef inline void _axpy2(__m256* a0, __m256* a1, float w, __m256 x0, __m256 x1) noexcept nogil:
+    cdef __m256 wv = _mm256_set1_ps(w)
+    a0[0] = _mm256_fmadd_ps(wv, x0, a0[0])
+    a1[0] = _mm256_fmadd_ps(wv, x1, a1[0])
+
+
+cdef inline void _weighted_tile(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                                const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, bint two,
+                                const char** hint, const char* end) noexcept nogil:
+    """y (m <= 4, 16 columns, or 8 when not two) += w (m, n_x) . x (n_x, the
+    same columns): y in registers, each x vector loaded once for the m rows;
+    a hint per 64 bytes of x read (32 when not two: twice a line)."""
+    cdef __m256 z = _mm256_setzero_ps()
+    cdef __m256 a0 = z, a1 = z, b0 = z, b1 = z, c0 = z, c1 = z, d0 = z, d1 = z, x0, x1 = z
+    cdef Py_ssize_t i, r
+    cdef const float* xi
+    cdef float* yr
+    for r in range(m):  # (the registers of rows past m stay 0 and are never stored)
+        yr = y + r * y_stride
+        x0 = _mm256_loadu_ps(yr)
+        if two:
+            x1 = _mm256_loadu_ps(yr + 8)
+        if r == 0:
+            a0 = x0; a1 = x1
+        elif r == 1:
+            b0 = x0; b1 = x1
+        elif r == 2:
+            c0 = x0; c1 = x1
+        else:
+            d0 = x0; d1 = x1
+    for i in range(n_x):
+        xi = x + i * x_stride
+        x0 = _mm256_loadu_ps(xi)
+        if two:
+            x1 = _mm256_loadu_ps(xi + 8)
+        _hint_bytes(hint, end, 64 if two else 32)
+        _axpy2(&a0, &a1, w[i], x0, x1)
+        if m > 1:
+            _axpy2(&b0, &b1, w[w_stride + i], x0, x1)
+        if m > 2:
+            _axpy2(&c0, &c1, w[2 * w_stride + i], x0, x1)
+        if m > 3:
+            _axpy2(&d0, &d1, w[3 * w_stride + i], x0, x1)
+    for r in range(m):
+        if r == 0:
+            x0 = a0; x1 = a1
+        elif r == 1:
+            x0 = b0; x1 = b1
+        elif r == 2:
+            x0 = c0; x1 = c1
+        else:
+            x0 = d0; x1 = d1
+        yr = y + r * y_stride
+        _mm256_storeu_ps(yr, x0)
+        if two:
+            _mm256_storeu_ps(yr + 8, x1)
+
+
+cdef bint _weighted_few(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                        const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    """k_weighted_rows for m <= 4 rows and x rows n floats apart (a kv
+    head's span of the head-major cache): passes of FEW_PASS_ROWS x rows (in
+    L1 while each 16 columns go over them in registers, _weighted_tile), the
+    hints a pass and FEW_AHEAD_BYTES ahead, in the order of memory; the last
+    < 8 columns by FMAs. Every value takes y = fma(w[r, i], x[i], y) in the
+    order of i, as _weighted_rows_pass. False, with nothing done, for other
+    shapes."""
+    cdef Py_ssize_t i = 0, k, c, r, t, col
+    cdef float acc
+    cdef const char* hint = <const char*> x + FEW_AHEAD_BYTES + FEW_PASS_ROWS * n * sizeof(float)
+    cdef const char* end = <const char*> (x + n_x * n)
+    if m > 4 or x_stride != n:
+        return False
+    while i < n_x:
+        k = min(<Py_ssize_t> FEW_PASS_ROWS, n_x - i)
+        c = 0
+        while c + 8 <= n:
+            _weighted_tile(y + c, y_stride, w + i, w_stride, m, x + i * n + c, n, k, c + 16 <= n, &hint, end)
+            c += 16 if c + 16 <= n else 8
+        for col in range(c, n):
+            for r in range(m):
+                acc = y[r * y_stride + col]
+                for t in range(i, i + k):
+                    acc = fmaf(w[r * w_stride + t], x[t * n + col], acc)
+                y[r * y_stride + col] = acc
+        i += k
+    return True
