@@ -624,9 +624,6 @@ cdef inline void _affine_grouped(float* out, const uint8_t* rec, Py_ssize_t cols
         rec += rb
 
 
-cdef inline void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
-                                     const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
-    _weighted_rows_pass_portable(y, y_stride, w, w_stride, m, x, x_stride, n_x, n)
 
 
 
@@ -765,6 +762,34 @@ cdef inline void _weighted_tile(float* y, Py_ssize_t y_stride, const float* w, P
         _mm256_storeu_ps(yr, x0)
         if two:
             _mm256_storeu_ps(yr + 8, x1)
+
+
+cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
+                              const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
+    """k_weighted_rows' pass with explicit FMAs: rows four at a time, 16 (or
+    8) columns in registers (_weighted_tile, no hints), the last < 8 columns
+    by fmaf; every value takes y = fma(w[r, i], x[i], y) in the order of i,
+    as _weighted_few, whatever the compiler's contraction (the portable
+    pass's y += w * x is fused at -O3 and not at -O0)."""
+    cdef Py_ssize_t r = 0, rows, c, col, k, i
+    cdef float acc
+    cdef const char* none = <const char*> x  # an empty range of hints
+    cdef const char* at
+    while r < m:
+        rows = min(<Py_ssize_t> 4, m - r)
+        c = 0
+        while c + 8 <= n:
+            at = none
+            _weighted_tile(y + r * y_stride + c, y_stride, w + r * w_stride, w_stride, rows, x + c, x_stride, n_x,
+                           c + 16 <= n, &at, none)
+            c += 16 if c + 16 <= n else 8
+        for col in range(c, n):
+            for k in range(r, r + rows):
+                acc = y[k * y_stride + col]
+                for i in range(n_x):
+                    acc = fmaf(w[k * w_stride + i], x[i * x_stride + col], acc)
+                y[k * y_stride + col] = acc
+        r += rows
 
 
 cdef bint _weighted_few(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
