@@ -646,6 +646,7 @@ cdef inline void _hint_bytes(const char** next, const char* end, Py_ssize_t n_by
 
 cdef inline void _add4(__m256* a0, __m256* a1, __m256* a2, __m256* a3, __m256 q, __m256 k0, __m256 k1,
                        __m256 k2, __m256 k3) noexcept nogil:
+    """One row's step over 4 keys: a_k = fma(q, k_k, a_k) (a score chain per key)."""
     a0[0] = _mm256_fmadd_ps(q, k0, a0[0])
     a1[0] = _mm256_fmadd_ps(q, k1, a1[0])
     a2[0] = _mm256_fmadd_ps(q, k2, a2[0])
@@ -707,6 +708,7 @@ cdef bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssiz
 
 
 cdef inline void _axpy2(__m256* a0, __m256* a1, float w, __m256 x0, __m256 x1) noexcept nogil:
+    """One row's step over 16 columns: a_k = fma(w, x_k, a_k) (y += w x, fused)."""
     cdef __m256 wv = _mm256_set1_ps(w)
     a0[0] = _mm256_fmadd_ps(wv, x0, a0[0])
     a1[0] = _mm256_fmadd_ps(wv, x1, a1[0])

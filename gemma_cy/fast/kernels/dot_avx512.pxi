@@ -703,6 +703,7 @@ cdef inline void _hint_lines(const char** next, const char* end, Py_ssize_t n_li
 
 cdef inline void _add4(__m512* a0, __m512* a1, __m512* a2, __m512* a3, __m512 q, __m512 k0, __m512 k1,
                        __m512 k2, __m512 k3) noexcept nogil:
+    """One row's step over 4 keys: a_k = fma(q, k_k, a_k) (a score chain per key)."""
     a0[0] = _mm512_fmadd_ps(q, k0, a0[0])
     a1[0] = _mm512_fmadd_ps(q, k1, a1[0])
     a2[0] = _mm512_fmadd_ps(q, k2, a2[0])
@@ -773,6 +774,7 @@ cdef bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssiz
 
 cdef inline void _axpy4(__m512* a0, __m512* a1, __m512* a2, __m512* a3, float w, __m512 x0, __m512 x1,
                         __m512 x2, __m512 x3) noexcept nogil:
+    """One row's step over 64 columns: a_k = fma(w, x_k, a_k) (y += w x, fused)."""
     cdef __m512 wv = _mm512_set1_ps(w)
     a0[0] = _mm512_fmadd_ps(wv, x0, a0[0])
     a1[0] = _mm512_fmadd_ps(wv, x1, a1[0])
