@@ -12,7 +12,7 @@
 # rounding from the comparison: the sums of rmsnorm and softmax, the RoPE
 # angles, and the activations.
 
-from libc.math cimport cos, pow, sin, sqrt, tanh
+from libc.math cimport cos, fmaf, pow, sin, sqrt, tanh
 from libc.stdint cimport int32_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -26,6 +26,11 @@ cdef enum:
     GEMV_PREFETCH_ROWS = 8
     GEMM_TOKEN_TILE = 16  # positions per pass over a matrix in k_gemm (see there)
     SCORES_AHEAD = 24  # keys hinted ahead in k_scores (see there)
+    # A module's decode attention (_scores_few, _weighted_few): how far its
+    # hints run ahead of its reads, and value rows per pass when a row is
+    # wider than its registers hold (16 KB at 256 columns: L1).
+    FEW_AHEAD_BYTES = 8192
+    FEW_PASS_ROWS = 16
 cdef double SQRT_2_OVER_PI = 0.7978845608028654  # sqrt(2/pi) of GELU's tanh approximation
 cdef double GELU_CUBIC = 0.044715
 # e^x (_exp: the activations' sigmoid, softmax): x = n ln 2 + r with n = round(x / ln 2)
@@ -65,6 +70,34 @@ cdef inline void _prefetch_row(const void* row, Py_ssize_t row_bytes) noexcept n
     cdef Py_ssize_t b
     for b in range(0, row_bytes, 64):
         __builtin_prefetch(ahead + b)
+
+
+cdef inline void _hint_stream(const char** next, const char* end, Py_ssize_t n_bytes) noexcept nogil:
+    """A stream of hints over memory read in order, FEW_AHEAD_BYTES ahead of
+    the reads (decode attention over a kv head's contiguous span): hint the
+    64-byte lines in the next n_bytes before end, and move next[0] on by
+    n_bytes (never past end). One call per n_bytes read keeps the hints
+    spread over the work, a steady number of reads in flight."""
+    cdef Py_ssize_t b = 0
+    while b < n_bytes and b < end - next[0]:
+        __builtin_prefetch(next[0] + b)
+        b += 64
+    next[0] = next[0] + n_bytes if n_bytes < end - next[0] else end
+
+
+cdef inline void _score_tails(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
+                              const float* keys, Py_ssize_t key_stride, Py_ssize_t n_keys, Py_ssize_t j,
+                              Py_ssize_t n) noexcept nogil:
+    """The tails j .. n-1 of n_keys keys' scores for m rows, added to out by
+    FMAs in order (the end of every module's _score)."""
+    cdef Py_ssize_t r, k, i
+    cdef float s
+    for r in range(m):
+        for k in range(n_keys):
+            s = out[r * out_stride + k]
+            for i in range(j, n):
+                s = fmaf(q[r * q_stride + i], keys[k * key_stride + i], s)
+            out[r * out_stride + k] = s
 
 
 cdef inline void _prefetch_rows(const float* rows, Py_ssize_t n_rows, Py_ssize_t stride,

@@ -624,25 +624,10 @@ cdef inline void _affine_grouped(float* out, const uint8_t* rec, Py_ssize_t cols
         rec += rb
 
 
-
-
-
 # Attention at decode (_scores_few, _weighted_few): as the avx512 module's
 # (see there), with 8-lane vectors: a step's query heads of one kv head are
 # m <= 4 rows, and the span of keys or values is read once, in the order of
 # memory, with hints FEW_AHEAD_BYTES ahead spread over the work.
-
-cdef enum:
-    FEW_AHEAD_BYTES = 8192  # how far ahead of the reads the hints run
-    FEW_PASS_ROWS = 16  # x rows per pass of _weighted_few (in L1 while each 16 columns go over them)
-
-
-cdef inline void _hint_bytes(const char** next, const char* end, Py_ssize_t n_bytes) noexcept nogil:
-    """Hint the line at next[0] and move on n_bytes (nothing past end)."""
-    if next[0] < end:
-        __builtin_prefetch(next[0])
-    next[0] += n_bytes
-
 
 cdef inline void _add4(__m256* a0, __m256* a1, __m256* a2, __m256* a3, __m256 q, __m256 k0, __m256 k1,
                        __m256 k2, __m256 k3) noexcept nogil:
@@ -663,11 +648,10 @@ cdef bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssiz
     shapes."""
     cdef __m256 z = _mm256_setzero_ps()
     cdef __m256 a0, a1, a2, a3, b0, b1, b2, b3, k0, k1, k2, k3
-    cdef Py_ssize_t i = 0, j, r, rp, k, t
+    cdef Py_ssize_t i = 0, j, r, rp
     cdef const float* kp
     cdef const char* hint = <const char*> keys + FEW_AHEAD_BYTES
     cdef const char* end = <const char*> (keys + n_keys * n)
-    cdef float s
     if m > 4 or key_stride != n or n < 8:
         return False
     while i + 4 <= n_keys:
@@ -682,8 +666,7 @@ cdef bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssiz
                 k2 = _mm256_loadu_ps(kp + 2 * n + j)
                 k3 = _mm256_loadu_ps(kp + 3 * n + j)
                 if rp == 0:
-                    _hint_bytes(&hint, end, 64)
-                    _hint_bytes(&hint, end, 64)
+                    _hint_stream(&hint, end, 4 * 32)
                 _add4(&a0, &a1, &a2, &a3, _mm256_loadu_ps(q + rp * q_stride + j), k0, k1, k2, k3)
                 if rp + 1 < m:
                     _add4(&b0, &b1, &b2, &b3, _mm256_loadu_ps(q + (rp + 1) * q_stride + j), k0, k1, k2, k3)
@@ -693,12 +676,7 @@ cdef bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssiz
                 _sum8x4(out + (rp + 1) * out_stride + i, 1, b0, b1, b2, b3, 1.0)
             rp += 2
         if j < n:
-            for r in range(m):
-                for k in range(4):
-                    s = out[r * out_stride + i + k]
-                    for t in range(j, n):
-                        s = fmaf(q[r * q_stride + t], kp[k * n + t], s)
-                    out[r * out_stride + i + k] = s
+            _score_tails(out + i, out_stride, q, q_stride, m, kp, n, 4, j, n)
         i += 4
     while i < n_keys:
         for r in range(m):
@@ -743,7 +721,7 @@ cdef inline void _weighted_tile(float* y, Py_ssize_t y_stride, const float* w, P
         x0 = _mm256_loadu_ps(xi)
         if two:
             x1 = _mm256_loadu_ps(xi + 8)
-        _hint_bytes(hint, end, 64 if two else 32)
+        _hint_stream(hint, end, 64 if two else 32)
         _axpy2(&a0, &a1, w[i], x0, x1)
         if m > 1:
             _axpy2(&b0, &b1, w[w_stride + i], x0, x1)
@@ -766,31 +744,37 @@ cdef inline void _weighted_tile(float* y, Py_ssize_t y_stride, const float* w, P
             _mm256_storeu_ps(yr + 8, x1)
 
 
+cdef inline void _weighted_columns(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride,
+                                   Py_ssize_t m, const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n,
+                                   const char** hint, const char* end) noexcept nogil:
+    """y (m <= 4, n) += w (m, n_x) . x (n_x, n): 16 (or 8) columns at a time
+    in registers (_weighted_tile), the last < 8 columns by fmaf; every value
+    takes y = fma(w[r, i], x[i], y) in the order of i."""
+    cdef Py_ssize_t c = 0, col, r, i
+    cdef float acc
+    while c + 8 <= n:
+        _weighted_tile(y + c, y_stride, w, w_stride, m, x + c, x_stride, n_x, c + 16 <= n, hint, end)
+        c += 16 if c + 16 <= n else 8
+    for col in range(c, n):
+        for r in range(m):
+            acc = y[r * y_stride + col]
+            for i in range(n_x):
+                acc = fmaf(w[r * w_stride + i], x[i * x_stride + col], acc)
+            y[r * y_stride + col] = acc
+
+
 cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
                               const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
-    """k_weighted_rows' pass with explicit FMAs: rows four at a time, 16 (or
-    8) columns in registers (_weighted_tile, no hints), the last < 8 columns
-    by fmaf; every value takes y = fma(w[r, i], x[i], y) in the order of i,
-    as _weighted_few, whatever the compiler's contraction (the portable
-    pass's y += w * x is fused at -O3 and not at -O0)."""
-    cdef Py_ssize_t r = 0, rows, c, col, k, i
-    cdef float acc
-    cdef const char* none = <const char*> x  # an empty range of hints
-    cdef const char* at
+    """k_weighted_rows' pass with explicit FMAs: rows four at a time through
+    _weighted_columns (no hints), so every value takes the steps of
+    _weighted_few whatever the compiler's contraction (the portable pass's
+    y += w * x is fused at -O3 and not at -O0)."""
+    cdef Py_ssize_t r = 0, rows
+    cdef const char* none = <const char*> x  # an empty stream: no hints
     while r < m:
         rows = min(<Py_ssize_t> 4, m - r)
-        c = 0
-        while c + 8 <= n:
-            at = none
-            _weighted_tile(y + r * y_stride + c, y_stride, w + r * w_stride, w_stride, rows, x + c, x_stride, n_x,
-                           c + 16 <= n, &at, none)
-            c += 16 if c + 16 <= n else 8
-        for col in range(c, n):
-            for k in range(r, r + rows):
-                acc = y[k * y_stride + col]
-                for i in range(n_x):
-                    acc = fmaf(w[k * w_stride + i], x[i * x_stride + col], acc)
-                y[k * y_stride + col] = acc
+        _weighted_columns(y + r * y_stride, y_stride, w + r * w_stride, w_stride, rows, x, x_stride, n_x, n,
+                          &none, none)
         r += rows
 
 
@@ -798,28 +782,17 @@ cdef bint _weighted_few(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_
                         const float* x, Py_ssize_t x_stride, Py_ssize_t n_x, Py_ssize_t n) noexcept nogil:
     """k_weighted_rows for m <= 4 rows and x rows n floats apart (a kv
     head's span of the head-major cache): passes of FEW_PASS_ROWS x rows (in
-    L1 while each 16 columns go over them in registers, _weighted_tile), the
-    hints a pass and FEW_AHEAD_BYTES ahead, in the order of memory; the last
-    < 8 columns by FMAs. Every value takes y = fma(w[r, i], x[i], y) in the
-    order of i, as _weighted_rows_pass. False, with nothing done, for other
+    L1 while each 16 columns go over them in registers: _weighted_columns),
+    the hints a pass and FEW_AHEAD_BYTES ahead, in the order of memory; the
+    steps of _weighted_rows_pass. False, with nothing done, for other
     shapes."""
-    cdef Py_ssize_t i = 0, k, c, r, t, col
-    cdef float acc
+    cdef Py_ssize_t i = 0, k
     cdef const char* hint = <const char*> x + FEW_AHEAD_BYTES + FEW_PASS_ROWS * n * sizeof(float)
     cdef const char* end = <const char*> (x + n_x * n)
     if m > 4 or x_stride != n:
         return False
     while i < n_x:
         k = min(<Py_ssize_t> FEW_PASS_ROWS, n_x - i)
-        c = 0
-        while c + 8 <= n:
-            _weighted_tile(y + c, y_stride, w + i, w_stride, m, x + i * n + c, n, k, c + 16 <= n, &hint, end)
-            c += 16 if c + 16 <= n else 8
-        for col in range(c, n):
-            for r in range(m):
-                acc = y[r * y_stride + col]
-                for t in range(i, i + k):
-                    acc = fmaf(w[r * w_stride + t], x[t * n + col], acc)
-                y[r * y_stride + col] = acc
+        _weighted_columns(y, y_stride, w + i, w_stride, m, x + i * n, n, k, n, &hint, end)
         i += k
     return True

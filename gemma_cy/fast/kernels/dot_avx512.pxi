@@ -688,19 +688,6 @@ cdef void _weighted_rows_pass(float* y, Py_ssize_t y_stride, const float* w, Py_
 # reads in flight (the hardware prefetcher alone, or hints in bursts, left
 # the span streaming at half the read probe: docs/benchmarks.md#history).
 
-cdef enum:
-    FEW_AHEAD_BYTES = 8192  # how far ahead of the reads the hints run
-
-
-cdef inline void _hint_lines(const char** next, const char* end, Py_ssize_t n_lines) noexcept nogil:
-    """Hint the next n_lines lines of a stream (next[0] moves on; nothing past end)."""
-    cdef Py_ssize_t l
-    for l in range(n_lines):
-        if next[0] < end:
-            __builtin_prefetch(next[0])
-            next[0] += 64
-
-
 cdef inline void _add4(__m512* a0, __m512* a1, __m512* a2, __m512* a3, __m512 q, __m512 k0, __m512 k1,
                        __m512 k2, __m512 k3) noexcept nogil:
     """One row's step over 4 keys: a_k = fma(q, k_k, a_k) (a score chain per key)."""
@@ -708,19 +695,6 @@ cdef inline void _add4(__m512* a0, __m512* a1, __m512* a2, __m512* a3, __m512 q,
     a1[0] = _mm512_fmadd_ps(q, k1, a1[0])
     a2[0] = _mm512_fmadd_ps(q, k2, a2[0])
     a3[0] = _mm512_fmadd_ps(q, k3, a3[0])
-
-
-cdef inline void _score_tails(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
-                              const float* keys, Py_ssize_t key_stride, Py_ssize_t j, Py_ssize_t n) noexcept nogil:
-    """The tails j .. n-1 of 4 keys' scores for m rows, by FMAs in order (as _scores8)."""
-    cdef Py_ssize_t r, k, i
-    cdef float s
-    for r in range(m):
-        for k in range(4):
-            s = out[r * out_stride + k]
-            for i in range(j, n):
-                s = fmaf(q[r * q_stride + i], keys[k * key_stride + i], s)
-            out[r * out_stride + k] = s
 
 
 cdef bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssize_t q_stride, Py_ssize_t m,
@@ -749,7 +723,7 @@ cdef bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssiz
             k1 = _mm512_loadu_ps(kp + n + j)
             k2 = _mm512_loadu_ps(kp + 2 * n + j)
             k3 = _mm512_loadu_ps(kp + 3 * n + j)
-            _hint_lines(&hint, end, 4)
+            _hint_stream(&hint, end, 4 * 64)
             _add4(&a0, &a1, &a2, &a3, _mm512_loadu_ps(q + j), k0, k1, k2, k3)
             if m > 1:
                 _add4(&b0, &b1, &b2, &b3, _mm512_loadu_ps(q + q_stride + j), k0, k1, k2, k3)
@@ -763,7 +737,7 @@ cdef bint _scores_few(float* out, Py_ssize_t out_stride, const float* q, Py_ssiz
         for r in range(m):
             memcpy(out + r * out_stride + i, sums + 4 * r, 4 * sizeof(float))
         if j < n:
-            _score_tails(out + i, out_stride, q, q_stride, m, kp, n, j, n)
+            _score_tails(out + i, out_stride, q, q_stride, m, kp, n, 4, j, n)
         i += 4
     while i < n_keys:
         for r in range(m):
@@ -811,7 +785,7 @@ cdef inline void _weighted_tile(float* y, Py_ssize_t y_stride, const float* w, P
         xi = x + i * x_stride
         x0 = _mm512_maskz_loadu_ps(k0, xi); x1 = _mm512_maskz_loadu_ps(k1, xi + 16)
         x2 = _mm512_maskz_loadu_ps(k2, xi + 32); x3 = _mm512_maskz_loadu_ps(k3, xi + 48)
-        _hint_lines(hint, end, lines)
+        _hint_stream(hint, end, 64 * lines)
         _axpy4(&a0, &a1, &a2, &a3, w[i], x0, x1, x2, x3)
         if m > 1:
             _axpy4(&b0, &b1, &b2, &b3, w[w_stride + i], x0, x1, x2, x3)
@@ -831,10 +805,6 @@ cdef inline void _weighted_tile(float* y, Py_ssize_t y_stride, const float* w, P
         yr = y + r * y_stride
         _mm512_mask_storeu_ps(yr, k0, x0); _mm512_mask_storeu_ps(yr + 16, k1, x1)
         _mm512_mask_storeu_ps(yr + 32, k2, x2); _mm512_mask_storeu_ps(yr + 48, k3, x3)
-
-
-cdef enum:
-    FEW_PASS_ROWS = 16  # x rows per pass of _weighted_few for rows over 64 columns (16 KB at 256: L1)
 
 
 cdef bint _weighted_few(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_t w_stride, Py_ssize_t m,
