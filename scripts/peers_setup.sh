@@ -12,8 +12,14 @@ cd "$(dirname "$0")/.."
 
 PEERS_VENV=${PEERS_VENV:-.venv-peers}
 BOOTSTRAP_PYTHON=${BOOTSTRAP_PYTHON:-python3}
-WHEEL_CACHE=${WHEEL_CACHE:-$HOME/.cache/gemma-cy/wheels}
+WHEEL_CACHE=${WHEEL_CACHE:-$HOME/.cache/gemma-cy/wheels-noamx}
 LLAMA_CPP_VERSION=0.3.36
+# llama.cpp is built for this CPU (-march=native) but without its AMX path:
+# on AMX hosts (Sapphire Rapids-class Xeons) that path segfaults on the first
+# Q4_K_M product (ggml_backend_amx_mul_mat; llama.cpp issue #20824), and
+# gemma-cy uses no AMX either, so the peer runs the same AVX-512 VNNI units.
+# GCC keeps an explicit -mno-* over what -march=native turns on.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 if [ ! -x "$PEERS_VENV/bin/python" ]; then
     "$BOOTSTRAP_PYTHON" -m venv "$PEERS_VENV"
@@ -26,7 +32,11 @@ PY="$PEERS_VENV/bin/python"
 mkdir -p "$WHEEL_CACHE"
 if ! ls "$WHEEL_CACHE"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl >/dev/null 2>&1; then
     echo "building llama-cpp-python $LLAMA_CPP_VERSION once (compiles llama.cpp: ~12-20 min) into $WHEEL_CACHE"
+    if [ "$(uname -m)" = x86_64 ]; then
+        export CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
+    fi
     "$PY" -m pip wheel --no-deps --wheel-dir "$WHEEL_CACHE" "llama-cpp-python==$LLAMA_CPP_VERSION"
 fi
+"$PY" -m pip install --quiet --force-reinstall --no-deps --no-index --find-links "$WHEEL_CACHE" "llama-cpp-python==$LLAMA_CPP_VERSION"
 "$PY" -m pip install --quiet --find-links "$WHEEL_CACHE" "llama-cpp-python==$LLAMA_CPP_VERSION"
 touch "$PEERS_VENV/.deps-stamp"
