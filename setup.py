@@ -57,8 +57,9 @@ MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower()
 PORTABLE = ("-ffp-contract=off",)
 SIMD_FLAGS: dict[str, tuple[str, ...]] = {"generic": PORTABLE}
 if MACHINE == "x86_64":
-    # F16C converts the Q8_0 block scales; every AVX2 and AVX-512 CPU has it
-    # (gemma_cy.fast.cpu_features checks it with the rest).
+    # Every AVX2 and AVX-512 CPU has F16C (gemma_cy.fast.cpu_features checks
+    # it with the rest); the kernels take f16 block scales from a table
+    # (kernels/common.pxi), so no kernel depends on it.
     SIMD_FLAGS["avx2"] = ("-mavx2", "-mfma", "-mf16c")
     # VNNI (vpdpbusd) runs the q8 mode's GEMM; an AVX-512 CPU without it
     # (Skylake-SP) runs the avx2 module (gemma_cy.fast.ops.REQUIRES).

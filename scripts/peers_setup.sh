@@ -35,7 +35,8 @@ if ! ls "$WHEEL_CACHE"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl >/dev/null 2>
     if [ "$(uname -m)" = x86_64 ]; then
         export CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
     fi
-    "$PY" -m pip wheel --no-deps --wheel-dir "$WHEEL_CACHE" "llama-cpp-python==$LLAMA_CPP_VERSION"
+    # --no-cache-dir: a wheel pip built earlier (with other flags) is never reused
+    "$PY" -m pip wheel --no-cache-dir --no-deps --wheel-dir "$WHEEL_CACHE" "llama-cpp-python==$LLAMA_CPP_VERSION"
 fi
 "$PY" -m pip install --quiet --force-reinstall --no-deps --no-index --find-links "$WHEEL_CACHE" "llama-cpp-python==$LLAMA_CPP_VERSION"
 "$PY" -m pip install --quiet --find-links "$WHEEL_CACHE" "llama-cpp-python==$LLAMA_CPP_VERSION"

@@ -578,6 +578,30 @@ cdef float k_f16_to_f32(uint16_t h) noexcept nogil:
     return f
 
 
+# Every f16 as an f32 (k_f16_to_f32 of each of the 65,536 bit patterns, 256
+# KB, filled when the module is imported). The GEMVs and the GEMM's weight
+# formation take a Q8_0 or Q5_0 block's scale from it: one load, broadcast
+# from memory, in place of a scalar load, an insert, a conversion and a
+# broadcast on the vector ports, which bind a decode step where the Q8_0
+# lm_head is half of it (docs/benchmarks.md#block-layouts-per-block-cost).
+# Only the scales in use are touched: a few KB of it stay in L1/L2.
+cdef float F16_AS_F32[65536]
+
+
+cdef void _fill_f16_table() noexcept nogil:
+    cdef Py_ssize_t h
+    for h in range(65536):
+        F16_AS_F32[h] = k_f16_to_f32(<uint16_t> h)
+
+
+_fill_f16_table()
+
+
+cdef inline float _block_d(const uint8_t* block) noexcept nogil:
+    """f32(d) of a Q8_0 or Q5_0 block (its f16 scale in bytes 0-1)."""
+    return F16_AS_F32[_load_u16(block)]
+
+
 cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
     return _score(a, b, n)  # one attention score: the same bits as k_scores gives
 

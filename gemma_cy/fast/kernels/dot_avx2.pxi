@@ -1,4 +1,4 @@
-# The quantized dot products and GEMVs with AVX2 + FMA + F16C intrinsics
+# The quantized dot products and GEMVs with AVX2 + FMA intrinsics
 # (module simd_avx2, -mavx2 -mfma -mf16c).
 #
 # int8 (one scale per tensor). Per 8 values: one unaligned 8-byte load
@@ -66,7 +66,6 @@ cdef extern from "immintrin.h" nogil:
     __m256 _mm256_fmadd_ps(__m256 a, __m256 b, __m256 c)
     __m256 _mm256_add_ps(__m256 a, __m256 b)
     void _mm256_storeu_ps(float* p, __m256 a)
-    float _cvtsh_ss(unsigned short h)  # F16C: one f16 -> f32, exact
     __m128 _mm256_castps256_ps128(__m256 a)
     __m128 _mm256_extractf128_ps(__m256 a, int i)
     __m128 _mm_add_ps(__m128 a, __m128 b)
@@ -185,7 +184,7 @@ cdef enum:
 
 cdef inline __m256 _block_scale(const uint8_t* block) noexcept nogil:
     """f32(d) of one Q8_0 block in all 8 lanes."""
-    return _mm256_set1_ps(_cvtsh_ss(_load_u16(block)))
+    return _mm256_set1_ps(_block_d(block))
 
 
 cdef inline void _block_q8_0(__m256* acc, __m256 d, __m256 w0, __m256 w1, __m256 w2, __m256 w3,

@@ -1,5 +1,5 @@
-# The quantized dot products and GEMVs with AVX-512 F/BW/VL intrinsics and
-# F16C (module simd_avx512). The GEMVs run row after row, prefetching ahead.
+# The quantized dot products and GEMVs with AVX-512 F/BW/VL intrinsics
+# (module simd_avx512). The GEMVs run row after row, prefetching ahead.
 #
 # k_dot_i8: per 16 values, one unaligned 16-byte load widened int8 -> int32 ->
 # f32 and one FMA; four independent accumulators (64 values per step). The
@@ -45,7 +45,6 @@ cdef extern from "immintrin.h" nogil:
     __m512 _mm512_sub_ps(__m512 a, __m512 b)
     __m512 _mm512_set1_ps(float a)
     void _mm512_storeu_ps(void* p, __m512 a)
-    float _cvtsh_ss(unsigned short h)  # F16C: one f16 -> f32, exact
     __m512i _mm512_cvtepu8_epi32(__m128i a)
     __m512i _mm512_and_si512(__m512i a, __m512i b)
     __m512i _mm512_srli_epi32(__m512i a, unsigned int imm)
@@ -135,7 +134,7 @@ cdef inline void _block_weights(__m512* lo, __m512* hi, const uint8_t* block, bi
     """The exact weights f32(level) * f32(d) of one Q8_0 block (q5_0 False)
     or Q5_0 block: lo values 0-15, hi values 16-31 (what the GEMV multiplies
     and the GEMM lays out; 8 bits times an f16's 11: exact)."""
-    cdef __m512 d = _mm512_set1_ps(_cvtsh_ss(_load_u16(block)))
+    cdef __m512 d = _mm512_set1_ps(_block_d(block))
     cdef const int8_t* q = <const int8_t*> (block + 2)
     if q5_0:
         _q5_0_levels_f32(lo, hi, block)

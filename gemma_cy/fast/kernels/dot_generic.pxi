@@ -59,7 +59,7 @@ cdef inline float _dot_blocks(const uint8_t* blocks, const float* x, Py_ssize_t 
     for j in range(32):
         acc[j] = 0
     for k in range(n_blocks):
-        d = k_f16_to_f32(_load_u16(blocks))
+        d = _block_d(blocks)
         q = _block_levels(levels, blocks, q5_0)
         for j in range(32):
             acc[j] += (q[j] * d) * x[j]

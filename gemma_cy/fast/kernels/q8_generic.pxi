@@ -71,7 +71,7 @@ cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* x
     cdef Py_ssize_t b
     for b in range(n_blocks):
         blk = blocks + b * Q8_0_BYTES
-        s = k_f16_to_f32(_load_u16(blk)) * xd[b]
+        s = _block_d(blk) * xd[b]
         acc += <double> _isum_q8(<const int8_t*> (blk + 2), xq + b * Q8_0_BLOCK) * <double> s
     return <float> acc
 

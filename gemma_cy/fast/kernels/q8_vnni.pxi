@@ -207,7 +207,7 @@ cdef void _pack_panel(uint8_t* panel, const QMatrix* w, Py_ssize_t r0, Py_ssize_
             for i in range(PANEL_ROWS):
                 p = rows[i] + b * Q8_0_BYTES
                 y[i] = _mm256_loadu_si256(<const __m256i*> (p + 2))
-                sc[i] = _cvtsh_ss(_load_u16(p))  # f32(d): exact, every f16 is an f32
+                sc[i] = _block_d(p)  # f32(d): exact, every f16 is an f32
         elif w.layout == QLAYOUT_Q4_K:  # sub-block b: the low or high nibbles of 32 bytes
             for i in range(PANEL_ROWS):
                 y[i] = _mm256_loadu_si256(<const __m256i*> _q4_k_qs(rows[i], b // 2))

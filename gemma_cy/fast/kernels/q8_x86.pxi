@@ -78,7 +78,6 @@ cdef extern from "immintrin.h" nogil:
     q8_m256 q8_fmadd_ps "_mm256_fmadd_ps"(q8_m256 a, q8_m256 b, q8_m256 c)
     void q8_storeu_ps "_mm256_storeu_ps"(float* p, q8_m256 a)
     void q8_storeu_pd "_mm256_storeu_pd"(double* p, q8_m256d a)
-    float q8_cvtsh_ss "_cvtsh_ss"(unsigned short h)
     q8_m128i q8_loadu_si128 "_mm_loadu_si128"(const void* p)
     q8_m256i q8_castsi128_si256 "_mm256_castsi128_si256"(q8_m128i a)
     q8_m256i q8_inserti128_si256 "_mm256_inserti128_si256"(q8_m256i a, q8_m128i b, int imm)
@@ -163,7 +162,7 @@ cdef inline q8_m128 _dot4_i8_q8(const int8_t* w0, const int8_t* w1, const int8_t
 
 cdef inline float _scale_q8_0(const uint8_t* block, float xd) noexcept nogil:
     """f32(f32(d) * xd): a Q8_0 block's scale times the activation block's."""
-    return q8_cvtsh_ss(_load_u16(block)) * xd
+    return _block_d(block) * xd
 
 
 cdef inline q8_m128 _dot4_q8_0_q8(const uint8_t* b0, const uint8_t* b1, const uint8_t* b2, const uint8_t* b3,
