@@ -1,6 +1,10 @@
 """gemma_cy/fast/arena.py: the fast engine's matrices copied out of the file map
 into one arena, in the order asked, with the file's values intact."""
+import mmap
+import os
+
 import numpy as np
+import pytest
 
 from gemma_cy.api import open_weights
 from gemma_cy.fast.arena import ALIGN_BYTES, pack_matrices
@@ -95,3 +99,34 @@ def test_kv_cache_takes_memory_as_positions_fill():
         # 1 KiB each) take a few 4 KiB pages (18 x 2 MiB = 36,864 kB when the
         # cache took 2 MiB pages)
         assert _resident_kb(cache[0]) <= c.n_layers * 64, _resident_kb(cache[0])
+
+
+
+def _mapped_pages(mm) -> int:
+    """Pages of the map ``mm`` this process has mapped (the present bit of
+    /proc/self/pagemap, which a process may read for itself)."""
+    import struct
+    start = np.frombuffer(mm, np.uint8, count=1).ctypes.data
+    page = mmap.PAGESIZE
+    n = len(mm) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(start // page * 8)
+        data = f.read(n * 8)
+    return sum((struct.unpack_from("<Q", data, 8 * i)[0] >> 63) & 1 for i in range(n))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="needs Linux's /proc/self/pagemap")
+def test_building_the_engine_leaves_no_file_page_mapped(tiny_model_path):
+    """Reading the norm gains (which lie between the matrices in the file)
+    maps their neighbourhood too; FastModel releases it, so peak RSS does
+    not carry the file's pages beside the arena's copy (arena.release_file_maps)."""
+    from gemma_cy.fast.engine import FastEngine
+    weights = open_weights(str(tiny_model_path))
+    maps = [m for m in weights.keepalive if isinstance(m, mmap.mmap)]
+    assert maps
+    for m in maps:
+        np.frombuffer(m, np.uint8).sum()  # every page mapped, as a first read leaves them
+        assert _mapped_pages(m) == len(m) // mmap.PAGESIZE
+    engine = FastEngine(weights, 64)
+    assert all(_mapped_pages(m) == 0 for m in maps)
+    assert np.all(np.isfinite(engine.prefill([1, 2, 3])))  # what it still reads through the map faults back in

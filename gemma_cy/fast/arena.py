@@ -107,3 +107,21 @@ def pack_matrices(tensors: dict[str, object], order: list[str]) -> tuple[dict[st
         field = "q" if isinstance(tensors[n], Int8Tensor) else "blocks"  # Q8_0Tensor, Q4_KTensor, Q5_0Tensor
         packed[n] = replace(tensors[n], **{field: dst})
     return packed, arena
+
+
+def release_file_maps(keepalive: list) -> None:
+    """Drop this process's mapping of every page of the read-only file maps
+    in ``keepalive`` (a Weights' keepalive).
+
+    FastModel calls it after each layer's norm gains are read: reading a few
+    KB of a file maps its neighbourhood too (fault-around; on a kernel with
+    large page-cache folios, the whole folio), so the gains of Gemma 3 270M,
+    which lie between its matrices in the file, mapped ~70 MB of matrix pages
+    that pack_matrices had released, and the CLI's peak RSS went from ~1.25x
+    to 1.55x the file's size (measured on an Intel Xeon host, kernel 6.18).
+    Whatever the engine still reads through a map (a matrix left there when
+    no arena could be had) faults back in, unchanged, so views of it stay
+    valid (release_pages)."""
+    for source in keepalive:
+        if isinstance(source, mmap.mmap) and memoryview(source).readonly:
+            release_pages(source, 0, len(source))

@@ -42,7 +42,7 @@ from libc.string cimport memcpy, memset
 from gemma_cy.errors import ModelFormatError
 from gemma_cy.model.checks import ACTIVATION_MODES, check_activation_mode
 from gemma_cy.model.observe import op_shape
-from gemma_cy.fast.arena import pack_matrices
+from gemma_cy.fast.arena import pack_matrices, release_file_maps
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
@@ -459,6 +459,7 @@ cdef class FastModel:
             w.post_ffn_norm = _gain(weights[p + "post_ffn_norm"] if c.post_norms else None, keep)
             w.rope_table = 1 if c.is_local(layer) else 0
             w.window = c.window(layer)
+            release_file_maps(weights.keepalive)  # what reading its gains mapped (gemma_cy/fast/arena.py)
 
         self.x, self.xb, self.xb2 = (_f32(_zeros(BLOCK * c.dim), keep), _f32(_zeros(BLOCK * c.dim), keep),
                                      _f32(_zeros(BLOCK * c.dim), keep))
