@@ -239,8 +239,9 @@ cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
 
 
 cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
-    # GEMM_ROW_TILE dequantized rows, then the positions' x regrouped
-    return (GEMM_ROW_TILE + n_tokens) * cols
+    # GEMM_ROW_TILE dequantized rows, then the positions' x regrouped (_gemm), or a q8 panel and its
+    # tables (q8_avx2.pxi)
+    return max((GEMM_ROW_TILE + n_tokens) * cols, (_gemm_q8_scratch_bytes(cols, n_tokens) + 3) // 4)
 
 
 cdef inline void _dequantize_grouped(float* out, const uint8_t* row, Py_ssize_t n_blocks) noexcept nogil:
@@ -448,14 +449,6 @@ cdef float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil
 cdef inline bint _gemm_takes_q5_0() noexcept nogil:
     """Q5_0 matrices reach _gemm converted to Q8_0 a tile of rows at a time (k_gemm)."""
     return False
-
-
-cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
-                   float* scratch) noexcept nogil:
-    if w.layout == QLAYOUT_Q4_K and n_tokens == 1:
-        _gemv_q4_k_q8(out, w, xq, xd)
-    else:
-        _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
 
 
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,

@@ -87,20 +87,9 @@ cdef extern from "immintrin.h" nogil:
 
 
 cdef enum:
-    PANEL_ROWS = 16  # rows per panel: one per 32-bit lane of a vector
     PANEL_POSITIONS = 4  # positions that share each panel vector load
     PANEL_LEVEL_BYTES = 512  # a block's 32 values of 16 rows
     PANEL_MAX_BLOCK_BYTES = 768  # with four scale vectors (records of 16 with offsets)
-
-
-cdef inline Py_ssize_t _panel_record(const QMatrix* w) noexcept nogil:
-    """Values per record of w's q8 products: 16 for affine records of 16, else 32."""
-    return 16 if w.layout == QLAYOUT_AFFINE and w.sub == 16 else 32
-
-
-cdef inline bint _panel_offset(const QMatrix* w) noexcept nogil:
-    """True when w's records carry an offset b (some affine types; every Q4_K)."""
-    return (w.layout == QLAYOUT_AFFINE or w.layout == QLAYOUT_Q4_K) and w.has_offset
 
 
 # One position's block of 32 quantized activations as the panel kernel reads
@@ -148,94 +137,16 @@ cdef inline void _pack_levels(uint8_t* dst, const __m256i* y) noexcept nogil:
         _mm512_storeu_si512(dst + 64 * (k + 4), _mm512_xor_si512(_mm512_permutex2var_epi64(u, second, v), flip))
 
 
-cdef inline Py_ssize_t _panel_row_bytes(const QMatrix* w) noexcept nogil:
-    """Bytes of one row of w as stored (any layout the q8 mode runs)."""
-    if w.layout == QLAYOUT_I8_TENSOR:
-        return w.cols
-    if w.layout == QLAYOUT_Q8_0:
-        return w.cols // 32 * Q8_0_BYTES
-    if w.layout == QLAYOUT_Q4_K:
-        return w.cols // Q4_K_BLOCK * Q4_K_BYTES
-    return _affine_row_bytes(w)
-
-
-cdef inline const uint8_t* _panel_row(const QMatrix* w, Py_ssize_t r) noexcept nogil:
-    """Row r of w as stored."""
-    return (<const uint8_t*> w.q if w.layout == QLAYOUT_I8_TENSOR else w.blocks) + r * _panel_row_bytes(w)
-
-
-cdef void _prefetch_panel(const QMatrix* w, Py_ssize_t r0) noexcept nogil:
-    """Hints for every line of rows r0 .. r0 + 15 (and their Q4_K a, b): the
-    next panel, read from DRAM while this one is multiplied."""
-    cdef Py_ssize_t row_bytes = _panel_row_bytes(w), r, at
-    cdef const uint8_t* row
-    for r in range(r0, min(r0 + PANEL_ROWS, w.rows)):
-        row = _panel_row(w, r)
-        for at in range(0, row_bytes, 64):
-            __builtin_prefetch(row + at)
-        if w.layout == QLAYOUT_Q4_K:
-            for at in range(0, w.cols // 32 * 2, 16):
-                __builtin_prefetch(w.ab + r * (w.cols // 32) * 2 + at)
-
-
 cdef void _pack_panel(uint8_t* panel, const QMatrix* w, Py_ssize_t r0, Py_ssize_t block_bytes) noexcept nogil:
     """Rows r0 .. r0 + 15 of w as a panel (the layout above); rows past the
     last are copies of it."""
-    cdef Py_ssize_t nb = w.cols // 32, b, i, r
-    cdef Py_ssize_t rb = w.sub + 4 + (4 if w.has_offset else 0)
-    cdef bint offset = _panel_offset(w)
     cdef __m256i y[16]
-    cdef __m256i m15 = _mm256_set1_epi8(15)
-    cdef Py_ssize_t row_of[16]
-    cdef const uint8_t* rows[16]
-    cdef const uint8_t* p
-    cdef const float* ab
-    cdef float* sc
-    cdef uint8_t* dst
-    for i in range(PANEL_ROWS):
-        r = min(r0 + i, w.rows - 1)
-        row_of[i] = r
-        rows[i] = _panel_row(w, r)
-    for b in range(nb):
-        dst = panel + b * block_bytes
-        sc = <float*> (dst + PANEL_LEVEL_BYTES)
-        if w.layout == QLAYOUT_I8_TENSOR:
-            for i in range(PANEL_ROWS):
-                y[i] = _mm256_loadu_si256(<const __m256i*> (rows[i] + 32 * b))
-            _mm512_storeu_ps(sc, _mm512_set1_ps(1))  # s = f32(1 * xd) = xd; the tensor's scale comes after the sum
-        elif w.layout == QLAYOUT_Q8_0:
-            for i in range(PANEL_ROWS):
-                p = rows[i] + b * Q8_0_BYTES
-                y[i] = _mm256_loadu_si256(<const __m256i*> (p + 2))
-                sc[i] = _block_d(p)  # f32(d): exact, every f16 is an f32
-        elif w.layout == QLAYOUT_Q4_K:  # sub-block b: the low or high nibbles of 32 bytes
-            for i in range(PANEL_ROWS):
-                y[i] = _mm256_loadu_si256(<const __m256i*> _q4_k_qs(rows[i], b // 2))
-                if b % 2:
-                    y[i] = _mm256_srli_epi16(y[i], 4)
-                y[i] = _mm256_and_si256(y[i], m15)
-            for i in range(PANEL_ROWS):
-                ab = w.ab + (row_of[i] * nb + b) * 2
-                sc[i] = ab[0]
-                sc[16 + i] = ab[1]
-        elif _panel_record(w) == 16:  # two records
-            for i in range(PANEL_ROWS):
-                p = rows[i] + 2 * b * rb
-                y[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*> p)),
-                                               _mm_loadu_si128(<const __m128i*> (p + rb)), 1)
-                sc[i] = _load_f32(p + 16)
-                sc[16 + i] = _load_f32(p + rb + 16)
-                if offset:
-                    sc[32 + i] = _load_f32(p + 20)
-                    sc[48 + i] = _load_f32(p + rb + 20)
-        else:
-            for i in range(PANEL_ROWS):
-                p = rows[i] + b * rb
-                y[i] = _mm256_loadu_si256(<const __m256i*> p)
-                sc[i] = _load_f32(p + 32)
-                if offset:
-                    sc[16 + i] = _load_f32(p + 36)
-        _pack_levels(dst, y)
+    cdef PanelRows rows
+    cdef Py_ssize_t b
+    _panel_rows(&rows, w, r0)
+    for b in range(w.cols // 32):
+        _panel_block(<q8_m256i*> y, <float*> (panel + b * block_bytes + PANEL_LEVEL_BYTES), w, &rows, b)
+        _pack_levels(panel + b * block_bytes, y)
 
 
 cdef void _panel_activations(PanelBlock* acts, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
@@ -383,26 +294,3 @@ cdef void _gemm_q8_panels(float* out, const QMatrix* w, const int8_t* xq, const 
                 memcpy(out + (t + j) * rows + r0, res + j * PANEL_ROWS, n * sizeof(float))
             t += PANEL_POSITIONS
         r0 += PANEL_ROWS
-
-
-cdef inline bint _panel_layout(const QMatrix* w) noexcept nogil:
-    """True for the layouts _pack_panel reads."""
-    return (w.layout == QLAYOUT_I8_TENSOR or w.layout == QLAYOUT_Q8_0 or w.layout == QLAYOUT_AFFINE
-            or w.layout == QLAYOUT_Q4_K)
-
-
-cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
-                   float* scratch) noexcept nogil:
-    """The avx512 module's k_gemm_q8: panels for a block of positions (a
-    Q5_0 matrix a tile of rows at a time converted to Q8_0, _gemm_converted);
-    one position (decode: rows streamed from DRAM) row after row (a Q4_K
-    matrix as stored, _gemv_q4_k_q8), and so is any other layout
-    _pack_panel does not read."""
-    if w.layout == QLAYOUT_Q4_K and n_tokens == 1:
-        _gemv_q4_k_q8(out, w, xq, xd)
-    elif w.layout == QLAYOUT_Q5_0 and n_tokens >= 2 and scratch != NULL:
-        _gemm_converted(out, w, NULL, xq, xd, n_tokens, scratch)
-    elif n_tokens < 2 or scratch == NULL or not _panel_layout(w):
-        _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
-    else:
-        _gemm_q8_panels(out, w, xq, xd, n_tokens, <uint8_t*> scratch)

@@ -410,3 +410,139 @@ cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t 
                                             xq, xd, nb))
     for i in range(4):
         out[i] = sums[i]
+
+
+# Panels of PANEL_ROWS rows for the q8 GEMMs that keep one row per 32-bit
+# lane (q8_vnni.pxi with 512-bit vectors, q8_avx2.pxi with two 256-bit
+# vectors of 8 rows): what both read of a matrix, block by block. Each
+# module lays the levels out for its own product instructions.
+
+cdef enum:
+    PANEL_ROWS = 16  # rows per panel
+
+
+cdef struct PanelRows:
+    Py_ssize_t row_of[16]  # the matrix row each panel row reads (the last row again past the end)
+    const uint8_t* rows[16]  # where those rows start, as stored
+
+
+cdef inline Py_ssize_t _panel_record(const QMatrix* w) noexcept nogil:
+    """Values per record of w's q8 products: 16 for affine records of 16, else 32."""
+    return 16 if w.layout == QLAYOUT_AFFINE and w.sub == 16 else 32
+
+
+cdef inline bint _panel_offset(const QMatrix* w) noexcept nogil:
+    """True when w's records carry an offset b (some affine types; every Q4_K)."""
+    return (w.layout == QLAYOUT_AFFINE or w.layout == QLAYOUT_Q4_K) and w.has_offset
+
+
+cdef inline bint _panel_layout(const QMatrix* w) noexcept nogil:
+    """True for the layouts _panel_block reads."""
+    return (w.layout == QLAYOUT_I8_TENSOR or w.layout == QLAYOUT_Q8_0 or w.layout == QLAYOUT_AFFINE
+            or w.layout == QLAYOUT_Q4_K)
+
+
+cdef inline Py_ssize_t _panel_row_bytes(const QMatrix* w) noexcept nogil:
+    """Bytes of one row of w as stored (any layout the q8 mode runs)."""
+    if w.layout == QLAYOUT_I8_TENSOR:
+        return w.cols
+    if w.layout == QLAYOUT_Q8_0:
+        return w.cols // 32 * Q8_0_BYTES
+    if w.layout == QLAYOUT_Q4_K:
+        return w.cols // Q4_K_BLOCK * Q4_K_BYTES
+    return _affine_row_bytes(w)
+
+
+cdef inline const uint8_t* _panel_row(const QMatrix* w, Py_ssize_t r) noexcept nogil:
+    """Row r of w as stored."""
+    return (<const uint8_t*> w.q if w.layout == QLAYOUT_I8_TENSOR else w.blocks) + r * _panel_row_bytes(w)
+
+
+cdef void _prefetch_panel(const QMatrix* w, Py_ssize_t r0) noexcept nogil:
+    """Hints for every line of rows r0 .. r0 + 15 (and their Q4_K a, b): the
+    next panel, read from DRAM while this one is multiplied."""
+    cdef Py_ssize_t row_bytes = _panel_row_bytes(w), r, at
+    cdef const uint8_t* row
+    for r in range(r0, min(r0 + PANEL_ROWS, w.rows)):
+        row = _panel_row(w, r)
+        for at in range(0, row_bytes, 64):
+            __builtin_prefetch(row + at)
+        if w.layout == QLAYOUT_Q4_K:
+            for at in range(0, w.cols // 32 * 2, 16):
+                __builtin_prefetch(w.ab + r * (w.cols // 32) * 2 + at)
+
+
+cdef inline void _panel_rows(PanelRows* p, const QMatrix* w, Py_ssize_t r0) noexcept nogil:
+    """The rows of the panel that starts at row r0; rows past the last are
+    copies of it (computed, never stored)."""
+    cdef Py_ssize_t i, r
+    for i in range(PANEL_ROWS):
+        r = min(r0 + i, w.rows - 1)
+        p.row_of[i] = r
+        p.rows[i] = _panel_row(w, r)
+
+
+cdef void _panel_block(q8_m256i* y, float* sc, const QMatrix* w, const PanelRows* p, Py_ssize_t b) noexcept nogil:
+    """Block b (32 values) of the panel's 16 rows: y[i] = row i's 32 levels
+    (int8; an affine record of 16 in each 128-bit half), and their scales as
+    vectors of 16 f32 at sc: a (f32(d) of a Q8_0 block, 1 for int8 rows, a
+    of an affine record), then for records of 16 the second record's a; then,
+    with an offset, b (and the second record's b)."""
+    cdef Py_ssize_t nb = w.cols // 32, i
+    cdef Py_ssize_t rb = w.sub + 4 + (4 if w.has_offset else 0)
+    cdef bint offset = _panel_offset(w)
+    cdef q8_m256i m15 = q8_set1_epi8(15)
+    cdef const uint8_t* at
+    cdef const float* ab
+    if w.layout == QLAYOUT_I8_TENSOR:
+        for i in range(PANEL_ROWS):
+            y[i] = q8_loadu_si256(<const q8_m256i*> (p.rows[i] + 32 * b))
+            sc[i] = 1  # s = f32(1 * xd) = xd; the tensor's scale comes after the sum
+    elif w.layout == QLAYOUT_Q8_0:
+        for i in range(PANEL_ROWS):
+            at = p.rows[i] + b * Q8_0_BYTES
+            y[i] = q8_loadu_si256(<const q8_m256i*> (at + 2))
+            sc[i] = _block_d(at)  # f32(d): exact, every f16 is an f32
+    elif w.layout == QLAYOUT_Q4_K:  # sub-block b: the low or high nibbles of 32 bytes
+        for i in range(PANEL_ROWS):
+            y[i] = q8_loadu_si256(<const q8_m256i*> _q4_k_qs(p.rows[i], b // 2))
+            if b % 2:
+                y[i] = q8_srli_epi16(y[i], 4)
+            y[i] = q8_and_si256(y[i], m15)
+            ab = w.ab + (p.row_of[i] * nb + b) * 2
+            sc[i] = ab[0]
+            sc[16 + i] = ab[1]
+    elif _panel_record(w) == 16:  # two records
+        for i in range(PANEL_ROWS):
+            at = p.rows[i] + 2 * b * rb
+            y[i] = q8_inserti128_si256(q8_castsi128_si256(q8_loadu_si128(at)), q8_loadu_si128(at + rb), 1)
+            sc[i] = _load_f32(at + 16)
+            sc[16 + i] = _load_f32(at + rb + 16)
+            if offset:
+                sc[32 + i] = _load_f32(at + 20)
+                sc[48 + i] = _load_f32(at + rb + 20)
+    else:
+        for i in range(PANEL_ROWS):
+            at = p.rows[i] + b * rb
+            y[i] = q8_loadu_si256(<const q8_m256i*> at)
+            sc[i] = _load_f32(at + 32)
+            if offset:
+                sc[16 + i] = _load_f32(at + 36)
+
+
+cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
+                   float* scratch) noexcept nogil:
+    """The x86 modules' k_gemm_q8: panels for a block of positions (each
+    module's _gemm_q8_panels: q8_avx2.pxi, q8_vnni.pxi; a Q5_0 matrix a tile
+    of rows at a time converted to Q8_0, _gemm_converted); one position
+    (decode: rows streamed from DRAM) row after row (a Q4_K matrix as
+    stored, _gemv_q4_k_q8), and so is any other layout _panel_block does
+    not read."""
+    if w.layout == QLAYOUT_Q4_K and n_tokens == 1:
+        _gemv_q4_k_q8(out, w, xq, xd)
+    elif w.layout == QLAYOUT_Q5_0 and n_tokens >= 2 and scratch != NULL:
+        _gemm_converted(out, w, NULL, xq, xd, n_tokens, scratch)
+    elif n_tokens < 2 or scratch == NULL or not _panel_layout(w):
+        _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
+    else:
+        _gemm_q8_panels(out, w, xq, xd, n_tokens, <uint8_t*> scratch)
