@@ -42,8 +42,16 @@
 # The activations are laid out once per call as PanelActs (below), block b
 # of position t at b * n_pad + t; the positions are padded with zeros to a
 # multiple of four, and the rows of a last, partial panel are copies of the
-# last row: both are computed and never stored. The f64 sums of a step's
-# positions (64 of them) live in a small array in L1.
+# last row: both are computed and never stored. A uint8 panel runs two
+# positions at a time, one group of 8 rows after the other, the f64 sums of
+# the step (8 rows x 2 positions) in registers over the whole row; an int16
+# panel four positions against all 16 rows, the 64 f64 sums in a small
+# array in L1.
+#
+# The f64 scaling of each record's sums (two conversions and an FMA per 4
+# rows and term) costs about as many instructions as the integer products
+# of a uint8 panel: it, not vpmaddubsw, bounds those panels
+# (docs/benchmarks.md has the figures).
 
 from libc.stdint cimport int16_t
 from libc.string cimport memset
@@ -66,10 +74,11 @@ cdef extern from "immintrin.h" nogil:
     q8_m256d p16_fmadd_pd "_mm256_fmadd_pd"(q8_m256d a, q8_m256d b, q8_m256d c)
     q8_m256d p16_fnmadd_pd "_mm256_fnmadd_pd"(q8_m256d a, q8_m256d b, q8_m256d c)
     q8_m256d p16_loadu_pd "_mm256_loadu_pd"(const double* p)
+    q8_m128 p16_loadu_ps128 "_mm_loadu_ps"(const float* p)
 
 
 cdef enum:
-    PAIR_POSITIONS = 4  # positions per step of _panel_positions
+    PAIR_POSITIONS = 4  # positions per step of _panel_positions (int16 panels); n_pad's multiple
     PANEL_I16_LEVEL_BYTES = 1024  # a block's 32 values of 16 rows as int16
     PANEL_U8_LEVEL_BYTES = 512  # as uint8
     PAIR_MAX_BLOCK_BYTES = 1280  # int16 levels with four scale vectors (records of 16 with offsets)
@@ -294,67 +303,131 @@ cdef inline void _record_i16(double* acc, const uint8_t* p, Py_ssize_t k0, Py_ss
     _record_terms(acc + 48, s03, s13, a, b, x + 3, h)
 
 
-cdef inline void _record_u8(double* acc, const uint8_t* p, Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t run,
-                            int32_t c, const float* a, const float* b, const PanelAct* x, Py_ssize_t h) noexcept nogil:
-    """One record (uint8 panel vectors k0 .. k1 - 1) of the 16 rows and the
-    two positions x[0], x[1]: vpmaddubsw products added `run` at a time in
-    int16, widened to int32, then minus c * sum(xq): the exact integer sums;
-    then their terms, acc[16 t + i] for row i and position t."""
-    cdef q8_m256i ones = q8_set1_epi16(1)
-    cdef q8_m256i s00 = p16_setzero_si256(), s01 = s00, s10 = s00, s11 = s00
-    cdef q8_m256i h00, h01, h10, h11, w0, w1, xv
-    cdef Py_ssize_t k = k0, j, end
-    while k < k1:
-        end = min(k + run, k1)
-        h00 = p16_setzero_si256(); h01 = h00; h10 = h00; h11 = h00
-        for j in range(k, end):
-            w0 = q8_loadu_si256(<const q8_m256i*> (p + 64 * j))
-            w1 = q8_loadu_si256(<const q8_m256i*> (p + 64 * j + 32))
-            xv = _bcast(x[0].xq, j)
-            h00 = p16_add_epi16(h00, q8_maddubs_epi16(w0, xv))
-            h10 = p16_add_epi16(h10, q8_maddubs_epi16(w1, xv))
-            xv = _bcast(x[1].xq, j)
-            h01 = p16_add_epi16(h01, q8_maddubs_epi16(w0, xv))
-            h11 = p16_add_epi16(h11, q8_maddubs_epi16(w1, xv))
-        s00 = p16_add_epi32(s00, q8_madd_epi16(h00, ones))
-        s10 = p16_add_epi32(s10, q8_madd_epi16(h10, ones))
-        s01 = p16_add_epi32(s01, q8_madd_epi16(h01, ones))
-        s11 = p16_add_epi32(s11, q8_madd_epi16(h11, ones))
-        k = end
-    xv = q8_set1_epi32(c * x[0].qsum_i[h])
-    _record_terms(acc, p16_sub_epi32(s00, xv), p16_sub_epi32(s10, xv), a, b, x, h)
-    xv = q8_set1_epi32(c * x[1].qsum_i[h])
-    _record_terms(acc + 16, p16_sub_epi32(s01, xv), p16_sub_epi32(s11, xv), a, b, x + 1, h)
-
-
 cdef inline void _block_records(double* acc, const uint8_t* p, const PanelForm* form, bint sub16, bint offset,
                                 const PanelAct* x) noexcept nogil:
-    """One block of the panel against four positions x[0 .. 3]: its one
-    record of 32 or two of 16, each record's terms in order."""
+    """One block of an int16 panel against four positions x[0 .. 3]: its
+    one record of 32 or two of 16, each record's terms in order."""
     cdef const float* sc = <const float*> (p + form.level_bytes)
-    cdef Py_ssize_t half = 8 if form.levels == PANEL_I16 else 4  # vectors per record of 16
-    if form.levels == PANEL_I16:
-        if sub16:  # scales a0, a1, then offsets b0, b1
-            _record_i16(acc, p, 0, half, sc, sc + 32 if offset else NULL, x, 0)
-            _record_i16(acc, p, half, 2 * half, sc + 16, sc + 48 if offset else NULL, x, 1)
-        else:  # a, then b
-            _record_i16(acc, p, 0, 2 * half, sc, sc + 16 if offset else NULL, x, 0)
-    elif sub16:
-        _record_u8(acc, p, 0, half, form.run, form.c, sc, sc + 32 if offset else NULL, x, 0)
-        _record_u8(acc, p, half, 2 * half, form.run, form.c, sc + 16, sc + 48 if offset else NULL, x, 1)
-        _record_u8(acc + 32, p, 0, half, form.run, form.c, sc, sc + 32 if offset else NULL, x + 2, 0)
-        _record_u8(acc + 32, p, half, 2 * half, form.run, form.c, sc + 16, sc + 48 if offset else NULL, x + 2, 1)
+    if sub16:  # scales a0, a1, then offsets b0, b1
+        _record_i16(acc, p, 0, 8, sc, sc + 32 if offset else NULL, x, 0)
+        _record_i16(acc, p, 8, 16, sc + 16, sc + 48 if offset else NULL, x, 1)
+    else:  # a, then b
+        _record_i16(acc, p, 0, 16, sc, sc + 16 if offset else NULL, x, 0)
+
+
+cdef inline void _term4(q8_m256d* f, q8_m128i isum, const float* a, q8_m128 xd) noexcept nogil:
+    """f += f64(isum) * f64(f32(a * xd)) for 4 rows (exact product, one rounding)."""
+    f[0] = p16_fmadd_pd(q8_cvtepi32_pd(isum), p16_cvtps_pd(q8_mul_ps128(p16_loadu_ps128(a), xd)), f[0])
+
+
+cdef inline void _offset4(q8_m256d* f, q8_m256d qsum, const float* b, q8_m128 xd) noexcept nogil:
+    """f -= f64(qsum) * f64(f32(b * xd)) for 4 rows (exact product, one rounding)."""
+    f[0] = p16_fnmadd_pd(qsum, p16_cvtps_pd(q8_mul_ps128(p16_loadu_ps128(b), xd)), f[0])
+
+
+cdef inline void _u8_run(q8_m256i* sa, q8_m256i* sb, const uint8_t* p, const int8_t* xa, const int8_t* xb,
+                         Py_ssize_t k, Py_ssize_t n) noexcept nogil:
+    """sa, sb (8 rows, positions a and b) += the exact sums of uint8 panel
+    vectors p + 64 j, j = k .. k + n - 1, times activation dword j of xa and
+    of xb: vpmaddubsw products added in int16 (n at most the panel's run),
+    then widened by vpmaddwd."""
+    cdef q8_m256i ha = p16_setzero_si256(), hb = ha, wv
+    cdef Py_ssize_t j
+    for j in range(k, k + n):
+        wv = q8_loadu_si256(<const q8_m256i*> (p + 64 * j))
+        ha = p16_add_epi16(ha, q8_maddubs_epi16(wv, _bcast(xa, j)))
+        hb = p16_add_epi16(hb, q8_maddubs_epi16(wv, _bcast(xb, j)))
+    sa[0] = p16_add_epi32(sa[0], q8_madd_epi16(ha, q8_set1_epi16(1)))
+    sb[0] = p16_add_epi32(sb[0], q8_madd_epi16(hb, q8_set1_epi16(1)))
+
+
+cdef inline void _u8_terms(q8_m256d* f0, q8_m256d* f1, q8_m256i isum, const float* a, const float* b,
+                           const PanelAct* x, Py_ssize_t h) noexcept nogil:
+    """8 rows' terms of record h for position x, into their f64 sums f0
+    (rows 0-3), f1 (4-7), in order: a, then the offset b (NULL: none)."""
+    cdef q8_m128 xd = q8_set1_ps128(x.xd)
+    cdef q8_m256d qsum
+    _term4(f0, q8_castsi256_si128(isum), a, xd)
+    _term4(f1, q8_extracti128_si256(isum, 1), a + 4, xd)
+    if b != NULL:
+        qsum = q8_set1_pd(x.qsum[h])
+        _offset4(f0, qsum, b, xd)
+        _offset4(f1, qsum, b + 4, xd)
+
+
+cdef inline void _record_u8_two(q8_m256d* fa0, q8_m256d* fa1, q8_m256d* fb0, q8_m256d* fb1, const uint8_t* p,
+                                Py_ssize_t k0, Py_ssize_t k1, const PanelForm* form, const float* a, const float* b,
+                                const PanelAct* xa, const PanelAct* xb, Py_ssize_t h) noexcept nogil:
+    """One record (uint8 panel vectors k0 .. k1 - 1 of one group of 8 rows,
+    p its first) and two positions xa, xb: the exact integer sums (runs of
+    vpmaddubsw, minus c * sum(xq)), then their terms into the rows' f64
+    sums fa0, fa1 (position a, rows 0-3 and 4-7) and fb0, fb1."""
+    cdef q8_m256i sa = p16_setzero_si256(), sb = sa
+    cdef Py_ssize_t k
+    # runs of a length known here, so that gcc unrolls each
+    if form.run >= 8 and k1 - k0 == 8:
+        _u8_run(&sa, &sb, p, xa.xq, xb.xq, k0, 8)
+    elif form.run >= 4:
+        for k in range(k0, k1, 4):
+            _u8_run(&sa, &sb, p, xa.xq, xb.xq, k, 4)
+    elif form.run >= 2:
+        for k in range(k0, k1, 2):
+            _u8_run(&sa, &sb, p, xa.xq, xb.xq, k, 2)
     else:
-        _record_u8(acc, p, 0, 2 * half, form.run, form.c, sc, sc + 16 if offset else NULL, x, 0)
-        _record_u8(acc + 32, p, 0, 2 * half, form.run, form.c, sc, sc + 16 if offset else NULL, x + 2, 0)
+        for k in range(k0, k1):
+            _u8_run(&sa, &sb, p, xa.xq, xb.xq, k, 1)
+    _u8_terms(fa0, fa1, p16_sub_epi32(sa, q8_set1_epi32(form.c * xa.qsum_i[h])), a, b, xa, h)
+    _u8_terms(fb0, fb1, p16_sub_epi32(sb, q8_set1_epi32(form.c * xb.qsum_i[h])), a, b, xb, h)
+
+
+cdef void _group_pair_u8(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelForm* form, bint sub16,
+                         bint offset, const PanelAct* x, Py_ssize_t n_pad, bint scaled, double scale) noexcept nogil:
+    """res[i], res[16 + i] = the q8 products of row i < 8 of a group of 8
+    panel rows (PANEL_U8; panel points at its first vector) and positions
+    x, x + 1 (x[b * n_pad], block b): the f64 sums in four named registers
+    over the whole row (an array would live in memory), times scale when
+    scaled (int8 rows), rounded once to f32."""
+    cdef q8_m256d fa0 = q8_setzero_pd(), fa1 = fa0, fb0 = fa0, fb1 = fa0
+    cdef const uint8_t* p
+    cdef const float* sc
+    cdef Py_ssize_t b
+    for b in range(nb):
+        p = panel + b * form.block_bytes
+        sc = <const float*> (p + form.level_bytes)
+        if sub16:  # scales a0, a1, then offsets b0, b1
+            _record_u8_two(&fa0, &fa1, &fb0, &fb1, p, 0, 4, form, sc, sc + 32 if offset else NULL, x, x + 1, 0)
+            _record_u8_two(&fa0, &fa1, &fb0, &fb1, p, 4, 8, form, sc + 16, sc + 48 if offset else NULL, x, x + 1,
+                           1)
+        else:  # a, then b
+            _record_u8_two(&fa0, &fa1, &fb0, &fb1, p, 0, 8, form, sc, sc + 16 if offset else NULL, x, x + 1, 0)
+        x += n_pad
+    if scaled:
+        fa0 = q8_mul_pd(fa0, q8_set1_pd(scale))
+        fa1 = q8_mul_pd(fa1, q8_set1_pd(scale))
+        fb0 = q8_mul_pd(fb0, q8_set1_pd(scale))
+        fb1 = q8_mul_pd(fb1, q8_set1_pd(scale))
+    q8_storeu_ps128(res, q8_cvtpd_ps(fa0))
+    q8_storeu_ps128(res + 4, q8_cvtpd_ps(fa1))
+    q8_storeu_ps128(res + 16, q8_cvtpd_ps(fb0))
+    q8_storeu_ps128(res + 20, q8_cvtpd_ps(fb1))
+
+
+cdef void _panel_pair_u8(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelForm* form, bint sub16,
+                         bint offset, const PanelAct* x, Py_ssize_t n_pad, bint scaled, double scale) noexcept nogil:
+    """res[16 j + i] = the q8 product of panel row i (PANEL_U8) and position
+    j < 2 (x[b * n_pad + j], block b), one group of 8 rows (_group_pair_u8)
+    and then the other. The scales of a group's rows are 8 floats further
+    on, like its vectors 32 bytes."""
+    _group_pair_u8(res, panel, nb, form, sub16, offset, x, n_pad, scaled, scale)
+    _group_pair_u8(res + 8, panel + 32, nb, form, sub16, offset, x, n_pad, scaled, scale)
 
 
 cdef void _panel_positions(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelForm* form, bint sub16,
                            bint offset, const PanelAct* acts, Py_ssize_t n_pad, bint scaled,
                            double scale) noexcept nogil:
-    """res[16 j + i] = the q8 product of panel row i and position j < 4
-    (acts[b * n_pad + j], block b): the f64 sum block after block, times
-    scale when scaled (int8 rows), rounded once to f32."""
+    """res[16 j + i] = the q8 product of panel row i (PANEL_I16) and
+    position j < 4 (acts[b * n_pad + j], block b): the f64 sum block after
+    block, times scale when scaled (int8 rows), rounded once to f32."""
     cdef double acc[PAIR_POSITIONS * PANEL_ROWS]
     cdef Py_ssize_t b, j
     memset(acc, 0, sizeof(acc))
@@ -388,6 +461,12 @@ cdef void _gemm_q8_panels(float* out, const QMatrix* w, const int8_t* xq, const 
         if not w.resident:
             _prefetch_panel(w, r0 + PANEL_ROWS)
         t = 0
+        while form.levels == PANEL_U8 and t < n_tokens:
+            _panel_pair_u8(res, panel, nb, &form, sub16, offset, acts + t, n_pad, scaled,
+                           w.scale if scaled else 1.0)
+            for j in range(min(<Py_ssize_t> 2, n_tokens - t)):
+                memcpy(out + (t + j) * rows + r0, res + j * PANEL_ROWS, n * sizeof(float))
+            t += 2
         while t < n_tokens:
             _panel_positions(res, panel, nb, &form, sub16, offset, acts + t, n_pad, scaled,
                              w.scale if scaled else 1.0)
