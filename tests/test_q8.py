@@ -166,6 +166,37 @@ def test_q8_gemm_matches_the_reference_q8_matrix(isa, kind, rows, cols, T):
         assert np.all(err <= bound), (t, float(np.max(err - bound)))
 
 
+def q8_0_with_levels(rows: int, cols: int, low: int, high: int, seed: int) -> Q8_0Tensor:
+    """A Q8_0 matrix whose levels are drawn from [low, high] (each row holds
+    both ends), with small positive f16 scales."""
+    rng = np.random.default_rng(seed)
+    nb = cols // 32
+    blocks = np.zeros((rows, nb, 34), np.uint8)
+    blocks[:, :, 0:2] = rng.uniform(1e-3, 4e-3, (rows, nb)).astype("<f2").view(np.uint8).reshape(rows, nb, 2)
+    levels = rng.integers(low, high + 1, (rows, nb, 32)).astype(np.int8)
+    levels[:, 0, 0], levels[:, -1, -1] = low, high
+    blocks[:, :, 2:] = levels.view(np.uint8)
+    return Q8_0Tensor(blocks)
+
+
+@ISA
+@pytest.mark.parametrize("low, high", [(0, 15), (-16, 15), (-32, 31), (-50, 50), (-64, 65), (-64, 66), (-127, 127),
+                                       (3, 3)])
+def test_q8_gemm_every_panel_form(isa, low, high):
+    # the level range picks how a panel of the x86 q8 GEMMs is laid out
+    # (q8_avx2.pxi: uint8 with int16 runs of 8, 4, 2 or 1 steps up to a
+    # range of 129, int16 past it): each form, and the boundary, against the
+    # reference bit for bit; 37 rows end in a partial panel, 7 positions in
+    # a partial step
+    w = q8_0_with_levels(37, 256, low, high, high - low)
+    x = np.random.default_rng(low + 200).standard_normal((7, 256)).astype(np.float32) * 3
+    got = kernels(isa).gemm(w, x, "q8")
+    ref = Q8Matrix(w)
+    for t in range(7):
+        np.testing.assert_array_equal(got[t], ref @ x[t])
+        np.testing.assert_array_equal(got[t], kernels(isa).gemm(w, x[t:t + 1], "q8")[0])  # the GEMV
+
+
 @ISA
 @SETTINGS
 @given(data=st.data(), rows=st.integers(1, 9), n_blocks=st.integers(1, 10), kind=st.sampled_from(["int8", "q8_0"]))
