@@ -236,9 +236,12 @@ cdef float k_dot_q5_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks
 cdef inline void _dot2_q8_0(float* out, const uint8_t* b0, const uint8_t* b1, const float* x,
                             Py_ssize_t n_blocks) noexcept nogil:
     """out[0], out[1] = k_dot_q8_0 of the rows b0 and b1, bit for bit (each
-    row's steps in k_dot_q8_0's order), interleaved: eight accumulator
-    chains in flight where one row has four, so that the FMA latency (4
-    cycles on Zen 3) does not bound a block's steps."""
+    row's steps in k_dot_q8_0's order: _block_q8_0's FMAs, _sum8's lane
+    sum), interleaved: eight accumulator chains in flight where one row has
+    four, so that the FMA latency (4 cycles on Zen 3) does not bound a
+    block's steps. Eight named registers, not two _block_q8_0 arrays: with
+    the arrays gcc kept the sums in memory and the GEMV ran slower than one
+    row at a time."""
     cdef __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0
     cdef __m256 d, e, xv
     cdef const int8_t* q

@@ -237,22 +237,34 @@ cdef void _panel_activations(PanelAct* acts, const int8_t* xq, const float* xd, 
                 blk.qsum[h] = total
 
 
+cdef inline void _term4(q8_m256d* f, q8_m128i isum, const float* a, q8_m128 xd) noexcept nogil:
+    """f += f64(isum) * f64(f32(a * xd)) for 4 rows (exact product, one rounding)."""
+    f[0] = p16_fmadd_pd(q8_cvtepi32_pd(isum), p16_cvtps_pd(q8_mul_ps128(p16_loadu_ps128(a), xd)), f[0])
+
+
+cdef inline void _offset4(q8_m256d* f, q8_m256d qsum, const float* b, q8_m128 xd) noexcept nogil:
+    """f -= f64(qsum) * f64(f32(b * xd)) for 4 rows (exact product, one rounding)."""
+    f[0] = p16_fnmadd_pd(qsum, p16_cvtps_pd(q8_mul_ps128(p16_loadu_ps128(b), xd)), f[0])
+
+
 cdef inline void _add_term(double* acc, q8_m256i isum, const float* a, float xd) noexcept nogil:
-    """acc[0:8] += f64(isum) * f64(f32(a * xd)), 8 rows in two f64 halves
-    (the product is exact: the FMA rounds once, as the GEMV's add)."""
-    cdef q8_m256 s = q8_mul_ps(q8_loadu_ps(a), q8_set1_ps(xd))
-    q8_storeu_pd(acc, p16_fmadd_pd(q8_cvtepi32_pd(q8_castsi256_si128(isum)), p16_cvtps_pd(q8_castps256_ps128(s)),
-                                   p16_loadu_pd(acc)))
-    q8_storeu_pd(acc + 4, p16_fmadd_pd(q8_cvtepi32_pd(q8_extracti128_si256(isum, 1)),
-                                       p16_cvtps_pd(q8_extractf128_ps(s, 1)), p16_loadu_pd(acc + 4)))
+    """acc[0:8] += f64(isum) * f64(f32(a * xd)) for 8 rows (_term4 on each half)."""
+    cdef q8_m128 xv = q8_set1_ps128(xd)
+    cdef q8_m256d f0 = p16_loadu_pd(acc), f1 = p16_loadu_pd(acc + 4)
+    _term4(&f0, q8_castsi256_si128(isum), a, xv)
+    _term4(&f1, q8_extracti128_si256(isum, 1), a + 4, xv)
+    q8_storeu_pd(acc, f0)
+    q8_storeu_pd(acc + 4, f1)
 
 
 cdef inline void _sub_offset(double* acc, const float* b, float xd, double qsum) noexcept nogil:
-    """acc[0:8] -= f64(qsum) * f64(f32(b * xd)) (exact product, one rounding)."""
-    cdef q8_m256 s = q8_mul_ps(q8_loadu_ps(b), q8_set1_ps(xd))
-    cdef q8_m256d q = q8_set1_pd(qsum)
-    q8_storeu_pd(acc, p16_fnmadd_pd(q, p16_cvtps_pd(q8_castps256_ps128(s)), p16_loadu_pd(acc)))
-    q8_storeu_pd(acc + 4, p16_fnmadd_pd(q, p16_cvtps_pd(q8_extractf128_ps(s, 1)), p16_loadu_pd(acc + 4)))
+    """acc[0:8] -= f64(qsum) * f64(f32(b * xd)) for 8 rows (_offset4 on each half)."""
+    cdef q8_m128 xv = q8_set1_ps128(xd)
+    cdef q8_m256d q = q8_set1_pd(qsum), f0 = p16_loadu_pd(acc), f1 = p16_loadu_pd(acc + 4)
+    _offset4(&f0, q, b, xv)
+    _offset4(&f1, q, b + 4, xv)
+    q8_storeu_pd(acc, f0)
+    q8_storeu_pd(acc + 4, f1)
 
 
 cdef inline void _record_terms(double* acc, q8_m256i s0, q8_m256i s1, const float* a, const float* b,
@@ -313,16 +325,6 @@ cdef inline void _block_records(double* acc, const uint8_t* p, const PanelForm* 
         _record_i16(acc, p, 8, 16, sc + 16, sc + 48 if offset else NULL, x, 1)
     else:  # a, then b
         _record_i16(acc, p, 0, 16, sc, sc + 16 if offset else NULL, x, 0)
-
-
-cdef inline void _term4(q8_m256d* f, q8_m128i isum, const float* a, q8_m128 xd) noexcept nogil:
-    """f += f64(isum) * f64(f32(a * xd)) for 4 rows (exact product, one rounding)."""
-    f[0] = p16_fmadd_pd(q8_cvtepi32_pd(isum), p16_cvtps_pd(q8_mul_ps128(p16_loadu_ps128(a), xd)), f[0])
-
-
-cdef inline void _offset4(q8_m256d* f, q8_m256d qsum, const float* b, q8_m128 xd) noexcept nogil:
-    """f -= f64(qsum) * f64(f32(b * xd)) for 4 rows (exact product, one rounding)."""
-    f[0] = p16_fnmadd_pd(qsum, p16_cvtps_pd(q8_mul_ps128(p16_loadu_ps128(b), xd)), f[0])
 
 
 cdef inline void _u8_run(q8_m256i* sa, q8_m256i* sb, const uint8_t* p, const int8_t* xa, const int8_t* xb,
