@@ -8,7 +8,7 @@ BUILD_STAMP := .venv/.build-stamp
 MODELS := models
 TINY := $(MODELS)/tiny.gmw
 PROMPT ?= The three most important inventions of the nineteenth century were
-SOURCES := $(wildcard gemma_cy/fast/*.pyx gemma_cy/fast/*.pxd gemma_cy/fast/*.pxi gemma_cy/fast/kernels/*.pxi) setup.py pyproject.toml
+SOURCES := $(wildcard gemma_cy/formats/*.pyx gemma_cy/fast/*.pyx gemma_cy/fast/*.pxd gemma_cy/fast/*.pxi gemma_cy/fast/kernels/*.pxi) setup.py pyproject.toml
 
 .PHONY: build test test-debug debug-build fuzz run run-tiny bench bench-peers oracle clean
 
@@ -97,6 +97,7 @@ bench-peers: .venv-peers/.deps-stamp $(BUILD_STAMP)
 	$(PYTHON) scripts/bench_eval.py
 
 clean:
-	rm -rf build $(MODELS) .pytest_cache .hypothesis gemma_cy/fast/*.c gemma_cy/fast/*.so gemma_cy/fast/*.html *.egg-info
+	rm -rf build $(MODELS) .pytest_cache .hypothesis gemma_cy/fast/*.c gemma_cy/fast/*.so gemma_cy/fast/*.html \
+		gemma_cy/formats/*.c gemma_cy/formats/*.so *.egg-info
 	find . -name __pycache__ -prune -exec rm -rf {} +
 	rm -f $(BUILD_STAMP)

@@ -1012,9 +1012,23 @@ def _string_array_file(tmp_path, items: list[bytes]):
 _TEXTS = st.lists(st.text(alphabet=st.characters(codec="utf-8"), max_size=6), max_size=40)
 
 
+@pytest.fixture(params=["C scan", "Python loop"])
+def string_scan(request, monkeypatch):
+    """Each string-array test runs twice: with the reader's C scan of the
+    lengths (gemma_cy/formats/string_scan.pyx) and with the Python loop it
+    falls back to without the extension, so that each checks the other."""
+    if request.param == "C scan":
+        if G.scan_string_starts is None:
+            pytest.skip("gemma_cy.formats.string_scan is not built (run `make build`)")
+    else:
+        monkeypatch.setattr(G, "scan_string_starts", None)
+        monkeypatch.setattr(G, "zero_string_lengths", None)
+    return request.param
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(texts=_TEXTS)
-def test_string_array_reads_back_every_string(tmp_path, texts):
+def test_string_array_reads_back_every_string(tmp_path, string_scan, texts):
     gf = parse_gguf(_string_array_file(tmp_path, [t.encode() for t in texts]))
     strings = gf.value("k")
     assert strings == texts and list(strings) == texts and len(strings) == len(texts)
@@ -1027,7 +1041,7 @@ def test_string_array_reads_back_every_string(tmp_path, texts):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(texts=_TEXTS, data=st.data())
-def test_string_array_names_the_first_invalid_string(tmp_path, texts, data):
+def test_string_array_names_the_first_invalid_string(tmp_path, string_scan, texts, data):
     """A string that is not UTF-8 on its own is refused by index, even where it
     and its neighbours would join into valid UTF-8 (the check sees each
     string alone, as a per-string decode would)."""
@@ -1040,6 +1054,52 @@ def test_string_array_names_the_first_invalid_string(tmp_path, texts, data):
     first_bad = next(i for i, b in enumerate(items) if not _utf8(b))
     with pytest.raises(ModelFormatError, match=rf"metadata 'k'\[{first_bad}\]: not valid UTF-8"):
         parse_gguf(_string_array_file(tmp_path, items))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=_TEXTS, data=st.data())
+def test_string_array_that_does_not_fit_names_the_string(tmp_path, string_scan, texts, data):
+    """An array cut short (its last string's length, or its bytes, past the end
+    of the file) or claiming more strings than it holds is refused at the
+    first string that does not fit, by index and offset."""
+    items = [t.encode() for t in texts] + [data.draw(st.binary(min_size=1, max_size=5))]
+    body = b"".join(gstr(b) for b in items)
+    extra = data.draw(st.integers(0, 3))  # strings claimed beyond those written
+    cut = data.draw(st.integers(1, len(gstr(items[-1])))) if extra == 0 else 0
+    kv = gstr("k") + struct.pack("<IIQ", G.ARRAY, G.STRING, len(items) + extra) + body[:len(body) - cut]
+    first_short = len(items) - 1 if extra == 0 else len(items)
+    head = 4 + 4 + 8 + 8 + len(kv) - len(body) + cut  # where the array's strings start
+    at = head + sum(len(gstr(b)) for b in items[:first_short])  # where the short one starts
+    left = head + len(body) - cut - at
+    expected = (rf"metadata 'k'\[{first_short}\] length: needs 8 bytes at offset {at}, only {left} left" if left < 8
+                else rf"metadata 'k'\[{first_short}\]: length {len(items[-1])} at offset {at} is larger than the "
+                     rf"{left - 8} bytes left")
+    if 8 * (len(items) + extra) > len(body) - cut:  # refused before the loop: too few bytes for the count
+        expected = rf"metadata 'k': {len(items) + extra} items of STRING need at least"
+    data_bytes = gguf_bytes([kv], alignment=1)
+    with pytest.raises(ModelFormatError, match=expected):
+        parse_gguf(put(tmp_path, data_bytes, name=f"short{next(_written)}.gguf"))
+
+
+def test_string_scan_checks_what_it_is_given():
+    """The extension's own arguments are checked before its loops run without
+    bounds checks: an offset outside the buffer, starts that are not inside
+    the copy or not in order."""
+    if G.scan_string_starts is None:
+        pytest.skip("gemma_cy.formats.string_scan is not built (run `make build`)")
+    data = np.frombuffer(gstr(b"ab") + gstr(b"c"), np.uint8)
+    starts = np.zeros(3, np.int64)
+    assert G.scan_string_starts(data, 0, starts) == (2, 19)  # the third does not fit
+    assert list(starts[:2]) == [8, 18]
+    for pos in (-1, 20):
+        with pytest.raises(ValueError, match="outside the 19 bytes"):
+            G.scan_string_starts(data, pos, starts)
+    joined = data.copy()
+    G.zero_string_lengths(joined, starts[:2], 0)
+    assert joined.tobytes() == bytes(8) + b"ab" + bytes(8) + b"c"
+    for bad in ([4], [18, 8], [8, 20], [8, 12]):
+        with pytest.raises(ValueError, match="zero_string_lengths: string"):
+            G.zero_string_lengths(data.copy(), np.array(bad, np.int64), 0)
 
 
 def _utf8(b: bytes) -> bool:

@@ -25,17 +25,19 @@ checked for NaN and Inf; alignment padding must be zero bytes. Every breach
 raises one ``ModelFormatError`` line naming the file, the field, the value
 found and the rule.
 
-This package uses only NumPy: the ``gguf`` package (gguf-py) is not needed to
-read, write or convert, and serves the tests as an independent check.
+This package uses only NumPy and, for the offsets of a string array's
+strings, the small C loop in string_scan.pyx (a Python loop stands in when the
+extension is not built): the ``gguf`` package (gguf-py) is not needed to read,
+write or convert, and serves the tests as an independent check.
 """
 from __future__ import annotations
 
-import array
 import hashlib
 import math
 import mmap
 import os
 import struct
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +47,13 @@ import numpy as np
 from ..errors import ModelFormatError
 from ..quant.types import GGML_TYPE_IDS, GGML_TYPES
 from .mapped import map_file, release_pages
+
+try:  # the C loop over a string array's lengths; the Python loop below does without it
+    from .string_scan import scan_string_starts, zero_string_lengths
+except ImportError:
+    scan_string_starts = zero_string_lengths = None
+if sys.byteorder != "little":  # it reads each u64 length in the host's order
+    scan_string_starts = None
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -280,11 +289,18 @@ class _Parser:
         has ~262k of them), left where they lie in the map; their UTF-8 is
         checked all at once (each string's length bytes zeroed in a copy of
         the array: a NUL ends any multi-byte sequence, so no character can
-        run from one string into the next)."""
+        run from one string into the next). The offsets come from the C scan
+        (string_scan.pyx) up to the first string that does not fit, then from
+        the Python loop, which reports that string (and, without the
+        extension, reads them all: the same offsets and errors, ~0.13 s for
+        Gemma 3's vocabulary against the C scan's 0.6 ms)."""
         pos, size, unpack = self.pos, self.size, U64.unpack_from
-        starts = array.array("q", bytes(8 * count))  # no int object kept per string
+        starts = np.zeros(count, np.int64)
         with memoryview(self.mm) as mv:
-            for i in range(count):
+            done = 0
+            if scan_string_starts is not None:
+                done, pos = scan_string_starts(mv.cast("B"), pos, starts)
+            for i in range(done, count):
                 if size - pos < 8:
                     self.pos = pos
                     self.need(8, f"{what}[{i}] length")
@@ -296,12 +312,15 @@ class _Parser:
                 starts[i] = pos
                 pos += n
         first, self.pos = self.pos, pos
-        strings = StringArray(self.mm, np.frombuffer(starts, dtype=np.int64), first, pos)
+        strings = StringArray(self.mm, starts, first, pos)
         copy = np.frombuffer(self.mm, np.uint8, count=pos - first, offset=first).copy()
-        length_bytes = np.zeros(copy.size + 1, np.int8)
-        length_bytes[strings.starts - 8 - first] += 1  # each index once per statement
-        length_bytes[strings.starts - first] -= 1
-        copy[np.cumsum(length_bytes[:-1], dtype=np.int8) > 0] = 0
+        if scan_string_starts is not None:
+            zero_string_lengths(copy, strings.starts, first)
+        else:
+            length_bytes = np.zeros(copy.size + 1, np.int8)
+            length_bytes[strings.starts - 8 - first] += 1  # each index once per statement
+            length_bytes[strings.starts - first] -= 1
+            copy[np.cumsum(length_bytes[:-1], dtype=np.int8) > 0] = 0
         try:
             copy.tobytes().decode("utf-8")
         except UnicodeDecodeError as e:
