@@ -116,11 +116,13 @@ def _mapped_pages(mm) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="needs Linux's /proc/self/pagemap")
-def test_building_the_engine_leaves_no_file_page_mapped(tiny_model_path):
+def test_building_the_engine_leaves_no_file_page_mapped(tiny_model_path, monkeypatch):
     """Reading the norm gains (which lie between the matrices in the file)
     maps their neighbourhood too; FastModel releases it, so peak RSS does
     not carry the file's pages beside the arena's copy (arena.release_file_maps)."""
+    from gemma_cy.fast import arena
     from gemma_cy.fast.engine import FastEngine
+    monkeypatch.setattr(arena, "MAP_HUGE_SHARE", 2.0)  # never enough: always the arena
     weights = open_weights(str(tiny_model_path))
     maps = [m for m in weights.keepalive if isinstance(m, mmap.mmap)]
     assert maps
@@ -130,3 +132,42 @@ def test_building_the_engine_leaves_no_file_page_mapped(tiny_model_path):
     engine = FastEngine(weights, 64)
     assert all(_mapped_pages(m) == 0 for m in maps)
     assert np.all(np.isfinite(engine.prefill([1, 2, 3])))  # what it still reads through the map faults back in
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="needs Linux's /proc/self/pagemap")
+def test_engine_runs_from_the_map_when_it_has_huge_pages_with_the_arena_s_bits(tiny_model_path, monkeypatch):
+    """When the file's map counts as having 2 MiB pages (here forced: any
+    share will do), the engine streams the matrices from the map itself, no
+    arena, and computes the same bits as from the arena (the same bytes in
+    another place)."""
+    from gemma_cy.fast import arena
+    from gemma_cy.fast.engine import FastEngine
+    prompt = [1, 2, 3, 4, 5]
+    logits = {}
+    packings = []
+    pack = arena.pack_matrices
+    monkeypatch.setattr(arena, "pack_matrices", lambda *a: packings.append(pack(*a)) or packings[-1])
+    for share in (2.0, 0.0):
+        monkeypatch.setattr(arena, "MAP_HUGE_SHARE", share)
+        weights = open_weights(str(tiny_model_path))
+        maps = [m for m in weights.keepalive if isinstance(m, mmap.mmap)]
+        engine = FastEngine(weights, 64)
+        assert len(packings) == 1 and packings[0][1] is not None  # an arena for the first engine only
+        assert sum(_mapped_pages(m) for m in maps) == 0  # the pages read at load released either way
+        logits[share] = np.array(engine.prefill(prompt))
+        logits[share, "decode"] = np.array(engine.decode(7))
+    np.testing.assert_array_equal(logits[0.0], logits[2.0])
+    np.testing.assert_array_equal(logits[0.0, "decode"], logits[2.0, "decode"])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_huge_page_share_is_a_share_of_the_mapped_matrices(tiny_model_path):
+    from gemma_cy.fast.arena import huge_page_share
+    weights = open_weights(str(tiny_model_path))
+    order = [f"layers.0.{n}" for n in LAYER_MATRICES]
+    share = huge_page_share(weights.tensors, order)
+    assert share is not None and 0.0 <= share <= 1.0
+    maps = [m for m in weights.keepalive if isinstance(m, mmap.mmap)]
+    assert sum(_mapped_pages(m) for m in maps) > 0  # it read the matrices' pages
+    w = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    assert huge_page_share({"m": Q8_0Tensor(quantize_q8_0(w))}, ["m"]) is None  # nothing mapped from a file

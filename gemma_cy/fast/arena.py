@@ -1,15 +1,18 @@
 """The fast engine's weight matrices, copied out of the file's memory map into
 one anonymous arena backed by 2 MiB pages, in the order a decode step reads
-them.
+them, when the kernel does not map the file's own pages that way
+(lay_out_for_decode).
 
-Why: decode streams every matrix from DRAM once per token (285 MB for Gemma 3
-270M). Through the file's map that is ~70,000 4 KiB pages per step, and the
-kernel here never maps a regular file's page cache with 2 MiB pages
-(FilePmdMapped stays 0, MADV_COLLAPSE is refused). Anonymous memory advised
-MADV_HUGEPAGE gets them (AnonHugePages), and Gemma 3 decoded 3-7% faster
-from it in interleaved runs on this host (30.8 against 28.7 tok/s, mean of 8
-fresh processes each, 64 greedy steps after an 8-token prompt). The copy
-costs 0.1-0.5 s at load.
+Why: decode streams every matrix from DRAM once per token (257 MB for Gemma 3
+270M). Through a map of 4 KiB pages that is ~63,000 pages per step. On an
+Intel Xeon host (Linux 6.18) the kernel never mapped a regular file's page
+cache with 2 MiB pages (FilePmdMapped stayed 0, MADV_COLLAPSE was refused),
+while anonymous memory advised MADV_HUGEPAGE gets them (AnonHugePages), and
+Gemma 3 decoded 3-7% faster from the arena there (30.8 against 28.7 tok/s,
+mean of 8 fresh processes each, 64 greedy steps after an 8-token prompt); the
+copy cost 0.1-0.5 s at load. On the AMD EPYC benchmark host (Linux 6.18,
+ext4) the page cache holds 2 MiB folios and the file's map gets them, so
+there the copy is skipped (lay_out_for_decode).
 
 Memory: each source range's pages are released from this process
 (MADV_DONTNEED on the shared read-only map: the file's page cache keeps them,
@@ -33,6 +36,9 @@ from ..quant.tensors import Int8Tensor, Q8_0Tensor
 
 COPY_CHUNK_BYTES = 8 << 20  # copied, then released from the map, at a time
 ALIGN_BYTES = 64  # each matrix starts on a cache line
+# Run from the file's own map when at least this share of the streamed
+# matrices' mapped bytes is in 2 MiB pages (lay_out_for_decode)
+MAP_HUGE_SHARE = 0.5
 
 
 def _values(tensor) -> np.ndarray | None:
@@ -107,6 +113,65 @@ def pack_matrices(tensors: dict[str, object], order: list[str]) -> tuple[dict[st
         field = "q" if isinstance(tensors[n], Int8Tensor) else "blocks"  # Q8_0Tensor, Q4_KTensor, Q5_0Tensor
         packed[n] = replace(tensors[n], **{field: dst})
     return packed, arena
+
+
+def lay_out_for_decode(tensors: dict[str, object], order: list[str]) -> tuple[dict[str, object], object]:
+    """``pack_matrices(tensors, order)``, unless the kernel already maps the
+    file's pages of those matrices with 2 MiB pages: then the same
+    (name -> tensor) dict, every matrix left in the map, and no arena.
+
+    Why: on a kernel whose page cache holds large folios (ext4 and XFS on
+    Linux 6.x; the map is advised MADV_HUGEPAGE, formats.mapped.map_file,
+    so that pages read from disk come in as 2 MiB folios), the file's map is
+    as good to stream from as the arena, and the arena's 2 MiB pages are
+    not free: a fresh anonymous page is zeroed on first touch, and on the
+    benchmark's virtual machine 240 MB of them took 0.55-0.85 s, most of
+    the CLI's start to its first token (docs/benchmarks.md#history,
+    eleventh session). With at least MAP_HUGE_SHARE of the bytes in 2 MiB
+    pages the arena could gain at most about half of its 3-7% decode gain,
+    which repays that start-up only after ~800 tokens."""
+    share = huge_page_share(tensors, order)
+    if share is not None and share >= MAP_HUGE_SHARE:
+        return {n: tensors[n] for n in order}, None
+    return pack_matrices(tensors, order)
+
+
+def huge_page_share(tensors: dict[str, object], order: list[str]) -> float | None:
+    """The share of the pages of the read-only file maps holding the matrices
+    ``tensors[name] for name in order`` that this process maps with 2 MiB
+    pages, once every page of those matrices is mapped (each is read once
+    here: from the page cache, a few ms for Gemma 3; from disk, what the
+    first forward pass would read anyway). From Linux's /proc/self/smaps
+    (FilePmdMapped over Rss of each map); None without it or without a
+    mapped matrix."""
+    maps: dict[int, int] = {}  # id -> the map's first address
+    for n in dict.fromkeys(order):
+        v = _values(tensors[n])
+        source = None if v is None or not v.flags.c_contiguous else _read_only_map(v)
+        if source is None:
+            continue
+        int(v.reshape(-1).view(np.uint8)[::mmap.PAGESIZE].max())  # maps every page of the matrix
+        maps[id(source)] = np.frombuffer(source, np.uint8, count=1).ctypes.data
+    if not maps:
+        return None
+    try:
+        with open("/proc/self/smaps", "rb") as f:
+            smaps = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    huge = resident = 0
+    starts, inside = set(maps.values()), False
+    for line in smaps.splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and not line[:1].isupper():  # a mapping's first line: "start-stop perms ..."
+            inside = int(head.split("-")[0], 16) in starts
+        elif inside and line.startswith(("Rss:", "FilePmdMapped:")):
+            kb = int(line.split()[1])
+            if line.startswith("Rss:"):
+                resident += kb
+            else:
+                huge += kb
+    return huge / resident if resident else None
 
 
 def release_file_maps(keepalive: list) -> None:

@@ -42,7 +42,7 @@ from libc.string cimport memcpy, memset
 from gemma_cy.errors import ModelFormatError
 from gemma_cy.model.checks import ACTIVATION_MODES, check_activation_mode
 from gemma_cy.model.observe import op_shape
-from gemma_cy.fast.arena import pack_matrices, release_file_maps
+from gemma_cy.fast.arena import lay_out_for_decode, release_file_maps
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
@@ -424,10 +424,11 @@ cdef class FastModel:
             tensors = {name: t.q8_0() if isinstance(t, Q5_0Tensor) else t for name, t in tensors.items()}
         cdef bint resident = sum(_matrix_bytes(t) for t in tensors.values()) <= RESIDENT_MODEL_BYTES
         # the matrices a decode step streams, in its order, copied out of the
-        # file's map into one arena of 2 MiB pages (gemma_cy/fast/arena.py)
+        # file's map into one arena of 2 MiB pages, unless the map has such
+        # pages already (gemma_cy/fast/arena.py)
         head = "embed_tokens" if c.tied_embeddings else "lm_head"
-        packed, arena = pack_matrices(tensors, [f"layers.{layer}.{name}" for layer in range(c.n_layers)
-                                                for name in LAYER_MATRICES] + [head])
+        packed, arena = lay_out_for_decode(tensors, [f"layers.{layer}.{name}" for layer in range(c.n_layers)
+                                                     for name in LAYER_MATRICES] + [head])
         keep.append(arena)
         matrix = lambda name: packed[name] if name in packed else tensors[name]
         scratch = _convert_scratch(tensors.values(), BLOCK)
