@@ -3,16 +3,14 @@ one anonymous arena backed by 2 MiB pages, in the order a decode step reads
 them, when the kernel does not map the file's own pages that way
 (lay_out_for_decode).
 
-Why: decode streams every matrix from DRAM once per token (257 MB for Gemma 3
-270M). Through a map of 4 KiB pages that is ~63,000 pages per step. On an
-Intel Xeon host (Linux 6.18) the kernel never mapped a regular file's page
-cache with 2 MiB pages (FilePmdMapped stayed 0, MADV_COLLAPSE was refused),
-while anonymous memory advised MADV_HUGEPAGE gets them (AnonHugePages), and
-Gemma 3 decoded 3-7% faster from the arena there (30.8 against 28.7 tok/s,
-mean of 8 fresh processes each, 64 greedy steps after an 8-token prompt); the
-copy cost 0.1-0.5 s at load. On the AMD EPYC benchmark host (Linux 6.18,
-ext4) the page cache holds 2 MiB folios and the file's map gets them, so
-there the copy is skipped (lay_out_for_decode).
+Why: decode streams every matrix from DRAM once per token. Through a map of
+4 KiB pages that is tens of thousands of pages per step, and anonymous
+memory advised MADV_HUGEPAGE gets 2 MiB pages (AnonHugePages), from which
+Gemma 3 decoded 3-7% faster on a host whose kernel never mapped a file's
+page cache with 2 MiB pages. Where the page cache holds 2 MiB folios and the
+file's map gets them, the copy is skipped (lay_out_for_decode). The
+measurements: docs/benchmarks.md#history (the arena's A/B; eleventh
+session for the map's).
 
 Memory: each source range's pages are released from this process
 (MADV_DONTNEED on the shared read-only map: the file's page cache keeps them,
@@ -121,15 +119,14 @@ def lay_out_for_decode(tensors: dict[str, object], order: list[str]) -> tuple[di
     (name -> tensor) dict, every matrix left in the map, and no arena.
 
     Why: on a kernel whose page cache holds large folios (ext4 and XFS on
-    Linux 6.x; the map is advised MADV_HUGEPAGE, formats.mapped.map_file,
-    so that pages read from disk come in as 2 MiB folios), the file's map is
-    as good to stream from as the arena, and the arena's 2 MiB pages are
-    not free: a fresh anonymous page is zeroed on first touch, and on the
-    benchmark's virtual machine 240 MB of them took 0.55-0.85 s, most of
-    the CLI's start to its first token (docs/benchmarks.md#history,
-    eleventh session). With at least MAP_HUGE_SHARE of the bytes in 2 MiB
-    pages the arena could gain at most about half of its 3-7% decode gain,
-    which repays that start-up only after ~800 tokens."""
+    Linux 6.x; formats.mapped.advise_huge_pages asks for them), the file's
+    map is as good to stream from as the arena, and the arena's 2 MiB pages
+    are not free: a fresh anonymous page is zeroed on first touch, which on
+    the benchmark's virtual machine was most of the CLI's start to its first
+    token. With at least MAP_HUGE_SHARE of the pages in 2 MiB pages, the
+    arena could gain at most about half of its decode gain, which would
+    repay that start-up only after hundreds of tokens (docs/architecture.md#memory,
+    docs/benchmarks.md#history, eleventh session)."""
     share = huge_page_share(tensors, order)
     if share is not None and share >= MAP_HUGE_SHARE:
         return {n: tensors[n] for n in order}, None

@@ -292,8 +292,8 @@ class _Parser:
         run from one string into the next). The offsets come from the C scan
         (string_scan.pyx) up to the first string that does not fit, then from
         the Python loop, which reports that string (and, without the
-        extension, reads them all: the same offsets and errors, ~0.13 s for
-        Gemma 3's vocabulary against the C scan's 0.6 ms)."""
+        extension, reads them all: the same offsets and errors, some 200x
+        slower: docs/benchmarks.md#history, eleventh session)."""
         pos, size, unpack = self.pos, self.size, U64.unpack_from
         starts = np.zeros(count, np.int64)
         with memoryview(self.mm) as mv:
@@ -314,7 +314,7 @@ class _Parser:
         first, self.pos = self.pos, pos
         strings = StringArray(self.mm, starts, first, pos)
         copy = np.frombuffer(self.mm, np.uint8, count=pos - first, offset=first).copy()
-        if scan_string_starts is not None:
+        if zero_string_lengths is not None:
             zero_string_lengths(copy, strings.starts, first)
         else:
             length_bytes = np.zeros(copy.size + 1, np.int8)

@@ -55,9 +55,8 @@ def advise_huge_pages(mm: mmap.mmap) -> None:
     """Ask for 2 MiB pages on the map (MADV_HUGEPAGE), where the kernel has
     them for files: a page fault then reads the file from disk in 2 MiB
     folios, which the map gets as 2 MiB pages (FilePmdMapped); otherwise the
-    page cache takes whatever sizes its readahead picks. Measured on Linux
-    6.18, ext4, the packaged Gemma 3 file read cold: 240 of 241 MiB mapped
-    in 2 MiB pages with the advice, 200 without. A kernel without it (or
+    page cache takes whatever sizes its readahead picks (measured:
+    docs/benchmarks.md#history, eleventh session). A kernel without it (or
     that refuses it) maps the file as before."""
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:
