@@ -12,6 +12,8 @@ Two halves:
 import hashlib
 import json
 import math
+import mmap
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -443,7 +445,7 @@ def test_vocabulary_is_built_once_then_read_from_the_cache(tmp_path, cache_home)
     path = write_gguf(tmp_path / "v.gguf", *hand_vocab())
     fresh = SentencePieceTokenizer.from_gguf(path)
     stored = list(cache_home.iterdir())
-    assert len(stored) == 1 and stored[0].suffix == ".npz"
+    assert len(stored) == 1 and stored[0].suffix == ".tables"
     built = make()
     same_tokenizer(fresh, built)
     cached = SentencePieceTokenizer.from_gguf(path)
@@ -451,12 +453,29 @@ def test_vocabulary_is_built_once_then_read_from_the_cache(tmp_path, cache_home)
     same_tokenizer(cached, built)
     # the tables in the file are the ones a fresh build makes
     p, s, t = hand_vocab()
-    loaded = sp_cache.load(stored[0].name.split("-")[1][:-4], len(p))
+    loaded = sp_cache.load(stored[0].stem.split("-")[1], len(p))
     built_tables = build_tables(p, s, t, 2, 1, 3, 0)
     for name in ("pieces", "spelled"):
         assert list(getattr(loaded, name)) == list(getattr(built_tables, name)), name
     for name in ("types", "scores", "index", "byte_ids"):
         assert np.array_equal(getattr(loaded, name), getattr(built_tables, name)), name
+
+
+def test_cache_entry_is_a_map_of_the_tables_and_replaces_the_old_format(tmp_path, cache_home):
+    """The tables a loaded tokenizer runs from are views of the entry's
+    read-only map (not copies held in memory); writing an entry removes
+    the entries of the earlier .npz format, which no version reads now."""
+    cache_home.mkdir(parents=True)
+    (cache_home / "sentencepiece-0123.npz").write_bytes(b"PK\x03\x04 an entry of the old format")
+    path = write_gguf(tmp_path / "v.gguf", *hand_vocab())
+    SentencePieceTokenizer.from_gguf(path)
+    (entry,) = cache_home.iterdir()
+    assert entry.suffix == ".tables"
+    loaded = sp_cache.load(entry.stem.split("-")[1], len(hand_vocab()[0]))
+    for array in (loaded.index, loaded.scores, loaded.pieces.offsets, loaded.spelled.offsets):
+        assert isinstance(array.base, memoryview) and isinstance(array.base.obj, mmap.mmap)
+        assert not array.flags.writeable
+    assert isinstance(loaded.pieces.blob, mmap.mmap) and loaded.pieces[2] == b"<bos>"
 
 
 def test_cache_entry_follows_the_vocabulary(tmp_path, cache_home):
@@ -472,7 +491,8 @@ def test_cache_entry_follows_the_vocabulary(tmp_path, cache_home):
     assert len(list(cache_home.iterdir())) == 3
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "bad offsets", "bad byte ids"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "bad offsets", "bad byte ids", "short header",
+                                    "header past the end", "array past the end", "missing array", "wrong type"])
 def test_a_damaged_cache_entry_is_rebuilt(tmp_path, cache_home, damage):
     path = write_gguf(tmp_path / "v.gguf", *hand_vocab())
     SentencePieceTokenizer.from_gguf(path)
@@ -481,17 +501,36 @@ def test_a_damaged_cache_entry_is_rebuilt(tmp_path, cache_home, damage):
         entry.write_bytes(entry.read_bytes()[:200])
     elif damage == "garbage":
         entry.write_bytes(b"\x00" * 1000)
+    elif damage == "short header":
+        entry.write_bytes(sp_cache.MAGIC + b"\x01")
+    elif damage == "header past the end":
+        entry.write_bytes(sp_cache.MAGIC + struct.pack("<I", 500) + b"{}")
+    elif damage in ("array past the end", "missing array", "wrong type"):
+        data, head = entry.read_bytes(), len(sp_cache.MAGIC) + 4
+        (n,) = struct.unpack("<I", data[len(sp_cache.MAGIC):head])
+        header = json.loads(data[head:head + n])
+        payload = data[-(-(head + n) // sp_cache.ALIGN) * sp_cache.ALIGN:]  # the arrays, as written
+        if damage == "array past the end":
+            header["arrays"][-1][2] = len(payload)  # more int32 than the file holds after its offset
+        elif damage == "missing array":
+            del header["arrays"][3]
+        else:
+            header["arrays"][1][1] = "<i8"
+        text = json.dumps(header).encode()
+        pad = b"\0" * (-(head + len(text)) % sp_cache.ALIGN)
+        entry.write_bytes(sp_cache.MAGIC + struct.pack("<I", len(text)) + text + pad + payload)
     else:
-        with np.load(entry) as f:
-            arrays = {k: f[k] for k in f.files}
+        with open(entry, "rb") as f:
+            arrays = {name: array.copy() for name, (_, array) in sp_cache._read(mmap.mmap(f.fileno(), 0,
+                                                                                          access=mmap.ACCESS_READ)).items()}
         if damage == "bad offsets":
             arrays["pieces_offsets"][5] = 10**9
         else:
             arrays["byte_ids"][7] = 10**6
         with open(entry, "wb") as f:
-            np.savez(f, **arrays)
+            sp_cache._write(f, arrays)
     same_tokenizer(SentencePieceTokenizer.from_gguf(path), make())
-    assert sp_cache.load(entry.name.split("-")[1][:-4], len(hand_vocab()[0])) is not None  # written again
+    assert sp_cache.load(entry.stem.split("-")[1], len(hand_vocab()[0])) is not None  # written again
 
 
 def test_an_unwritable_cache_is_skipped(tmp_path, cache_home):

@@ -22,9 +22,11 @@ def check_regular(name: str, st: os.stat_result, kind: str) -> None:
         raise ModelFormatError(f"{name}: not a regular file (a pipe, socket or device), expected a {kind} file")
 
 
-def map_file(name: str, kind: str, header_size: int) -> mmap.mmap:
+def map_file(name: str, kind: str, header_size: int, huge_pages: bool = True) -> mmap.mmap:
     """Open ``name`` (a regular file of at least ``header_size`` bytes, a
-    ``kind`` file such as "GMW1") and map it read-only."""
+    ``kind`` file such as "GMW1") and map it read-only; ``huge_pages``:
+    advise 2 MiB pages (advise_huge_pages), for a file read whole at every
+    step, not for one read a few pages at a time."""
     try:
         # O_NONBLOCK: opening a FIFO must not hang before fstat can refuse it.
         fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -45,7 +47,8 @@ def map_file(name: str, kind: str, header_size: int) -> mmap.mmap:
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as e:
             raise ModelFormatError(f"{name}: cannot map the file: {e}") from None
-        advise_huge_pages(mm)
+        if huge_pages:
+            advise_huge_pages(mm)
         return mm
     finally:
         os.close(fd)

@@ -54,10 +54,10 @@ def build_index(spelled: PackedPieces) -> np.ndarray:
     mask = size - 1
     table = np.full(size, EMPTY, np.int32)
     slots = memoryview(table)
-    blob, offsets = spelled.blob, memoryview(spelled.offsets)
+    blob, offsets, base = spelled.blob, memoryview(spelled.offsets), spelled.base
     crc32 = zlib.crc32
     for i in range(n):
-        slot = crc32(blob[offsets[i]:offsets[i + 1]]) & mask
+        slot = crc32(blob[base + offsets[i]:base + offsets[i + 1]]) & mask
         while slots[slot] != EMPTY:
             slot = (slot + 1) & mask
         slots[slot] = i
@@ -93,7 +93,7 @@ class SentencePieceBPE:
 
     def __init__(self, vocab: BPEVocab) -> None:
         self.unk_id = vocab.unk_id
-        self._blob = vocab.spelled.blob
+        self._blob, self._base = vocab.spelled.blob, vocab.spelled.base
         self._offsets = memoryview(vocab.spelled.offsets)
         self._slots = memoryview(vocab.index)
         self._mask = len(vocab.index) - 1
@@ -109,13 +109,13 @@ class SentencePieceBPE:
 
     def find(self, piece: bytes) -> int:
         """The id spelled ``piece``, or -1."""
-        slots, offsets, blob, mask = self._slots, self._offsets, self._blob, self._mask
+        slots, offsets, blob, base, mask = self._slots, self._offsets, self._blob, self._base, self._mask
         slot = zlib.crc32(piece) & mask
         while True:
             i = slots[slot]
             if i == EMPTY:
                 return -1
-            if blob[offsets[i]:offsets[i + 1]] == piece:
+            if blob[base + offsets[i]:base + offsets[i + 1]] == piece:
                 return i
             slot = (slot + 1) & mask
 
