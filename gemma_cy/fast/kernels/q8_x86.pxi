@@ -295,6 +295,84 @@ cdef float _dot_affine32_q8(const uint8_t* rec, const int8_t* xq, const float* x
     return <float> acc
 
 
+cdef enum:
+    QSUM_BLOCKS = 1024  # activation blocks whose sums _gemv_affine32_q8 keeps on the stack (32768 columns)
+
+
+cdef void _dot2_affine32_q8(float* out, const uint8_t* rec0, const uint8_t* rec1, const int8_t* xq,
+                            const float* xd, const double* qsum, Py_ssize_t cols, bint has_offset) noexcept nogil:
+    """out[0:2] = _dot_affine32_q8 of the rows of records rec0 and rec1, bit
+    for bit: each pair of activation blocks loaded once for both rows, the
+    four records' integer sums reduced together (_isum_rows4), the sums of
+    xq per block (``qsum``, exact) worked out once per call of
+    _gemv_affine32_q8, not once per row; each row's f64 terms in its own
+    order, the two chains side by side (one row's chain of dependent adds
+    bound the single-row kernel)."""
+    cdef q8_m256i ones = q8_set1_epi16(1), x0, x1
+    cdef double acc0 = 0, acc1 = 0
+    cdef double t[4]
+    cdef float d0, d1
+    cdef Py_ssize_t rb = 32 + 4 + (4 if has_offset else 0), b = 0, nb = cols // 32
+    while b + 2 <= nb:
+        x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
+        x1 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b + 32))
+        d0 = xd[b]
+        d1 = xd[b + 1]
+        q8_storeu_pd(t, _isum_rows4(_isum8_q8(<const int8_t*> rec0, x0, ones),
+                                    _isum8_q8(<const int8_t*> (rec0 + rb), x1, ones),
+                                    _isum8_q8(<const int8_t*> rec1, x0, ones),
+                                    _isum8_q8(<const int8_t*> (rec1 + rb), x1, ones)))
+        if has_offset:  # _dot_affine32_q8's terms: isum0 a0 d0, qsum0 b0 d0, isum1 a1 d1, qsum1 b1 d1
+            acc0 = (((acc0 + t[0] * <double> (_load_f32(rec0 + 32) * d0))
+                     - qsum[b] * <double> (_load_f32(rec0 + 36) * d0))
+                    + t[1] * <double> (_load_f32(rec0 + rb + 32) * d1)) \
+                - qsum[b + 1] * <double> (_load_f32(rec0 + rb + 36) * d1)
+            acc1 = (((acc1 + t[2] * <double> (_load_f32(rec1 + 32) * d0))
+                     - qsum[b] * <double> (_load_f32(rec1 + 36) * d0))
+                    + t[3] * <double> (_load_f32(rec1 + rb + 32) * d1)) \
+                - qsum[b + 1] * <double> (_load_f32(rec1 + rb + 36) * d1)
+        else:
+            acc0 = (acc0 + t[0] * <double> (_load_f32(rec0 + 32) * d0)) + t[1] * <double> (_load_f32(rec0 + rb + 32) * d1)
+            acc1 = (acc1 + t[2] * <double> (_load_f32(rec1 + 32) * d0)) + t[3] * <double> (_load_f32(rec1 + rb + 32) * d1)
+        rec0 += 2 * rb
+        rec1 += 2 * rb
+        b += 2
+    if b < nb:  # an odd last record
+        x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
+        d0 = xd[b]
+        acc0 += <double> _hsum_epi32(_isum8_q8(<const int8_t*> rec0, x0, ones)) * <double> (_load_f32(rec0 + 32) * d0)
+        acc1 += <double> _hsum_epi32(_isum8_q8(<const int8_t*> rec1, x0, ones)) * <double> (_load_f32(rec1 + 32) * d0)
+        if has_offset:
+            acc0 -= qsum[b] * <double> (_load_f32(rec0 + 36) * d0)
+            acc1 -= qsum[b] * <double> (_load_f32(rec1 + 36) * d0)
+    out[0] = <float> acc0
+    out[1] = <float> acc1
+
+
+cdef bint _gemv_affine32_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd) noexcept nogil:
+    """One position (decode) of an affine matrix of records of 32 in the q8
+    mode: rows two at a time (_dot2_affine32_q8), an odd last one by
+    _dot_affine32_q8, prefetching ahead. False (nothing written) for rows
+    longer than QSUM_BLOCKS blocks."""
+    cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1)
+    cdef double qsum[QSUM_BLOCKS]
+    cdef Py_ssize_t nb = w.cols // 32, b, r = 0, row_bytes = _affine_row_bytes(w)
+    if nb > QSUM_BLOCKS:
+        return False
+    for b in range(nb):  # sum xq over each block: exact integers
+        qsum[b] = <double> _hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(
+            unit, q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))), ones))
+    while r + 2 <= w.rows:
+        if not w.resident:
+            _prefetch_row(w.blocks + r * row_bytes, 2 * row_bytes)
+        _dot2_affine32_q8(out + r, w.blocks + r * row_bytes, w.blocks + (r + 1) * row_bytes, xq, xd, qsum,
+                          w.cols, w.has_offset)
+        r += 2
+    if r < w.rows:
+        out[r] = _dot_affine32_q8(w.blocks + r * row_bytes, xq, xd, w.cols, w.has_offset)
+    return True
+
+
 cdef inline q8_m256i _record_pair_sums(q8_m256i v, q8_m256i ones) noexcept nogil:
     """The int16 pair sums v (16 of them, record 0 in the low 128-bit lane,
     record 1 in the high) as int32 sums of each lane: lane 0 holds record
@@ -536,10 +614,13 @@ cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* 
     module's _gemm_q8_panels: q8_avx2.pxi, q8_vnni.pxi; a Q5_0 matrix a tile
     of rows at a time converted to Q8_0, _gemm_converted); one position
     (decode: rows streamed from DRAM) row after row (a Q4_K matrix as
-    stored, _gemv_q4_k_q8), and so is any other layout _panel_block does
-    not read."""
+    stored, _gemv_q4_k_q8; records of 32 two rows at a time,
+    _gemv_affine32_q8), and so is any other layout _panel_block does not
+    read."""
     if w.layout == QLAYOUT_Q4_K and n_tokens == 1:
         _gemv_q4_k_q8(out, w, xq, xd)
+    elif w.layout == QLAYOUT_AFFINE and w.sub == 32 and n_tokens == 1 and _gemv_affine32_q8(out, w, xq, xd):
+        pass
     elif w.layout == QLAYOUT_Q5_0 and n_tokens >= 2 and scratch != NULL:
         _gemm_converted(out, w, NULL, xq, xd, n_tokens, scratch)
     elif n_tokens < 2 or scratch == NULL or not _panel_layout(w):
