@@ -305,9 +305,9 @@ def special_q5_0(rows: int, cols: int, rng) -> np.ndarray:
 @pytest.mark.parametrize("rows, cols, positions", [(1, 32, 1), (3, 96, 9), (257, 640, 70), (5, 1024, 1)])
 def test_q5_0_as_stored_is_its_q8_0_blocks_bit_for_bit(isa, rows, cols, positions):
     """A Q5_0 matrix read from its blocks (QLAYOUT_Q5_0: the decode GEMV
-    unpacks the levels in registers, and so does the avx512 GEMM; the other
-    GEMMs, the q8 mode and the row lookup turn tiles of 256 rows into Q8_0
-    blocks) gives the bits its Q8_0
+    unpacks the levels in registers, and so do the avx2 and avx512 GEMMs;
+    the other GEMMs, the q8 mode and the row lookup turn tiles of 256 rows
+    into Q8_0 blocks) gives the bits its Q8_0
     conversion gives, in both activation modes, past a tile of rows and a
     pass of positions, and so does the reference's q8 matrix; its weights
     are the gguf package's."""

@@ -33,7 +33,8 @@
 #   replaced (per block: products paired, then scaled, for four positions).
 #   An int8 matrix whose rows are whole runs of 32 has the same order (no
 #   per-block scale, the tensor's scale after the sum) and takes the same
-#   path, its rows only widened.
+#   path, its rows only widened; a Q5_0 matrix too, its rows dequantized
+#   from the levels _q5_0_word forms (the weights of its Q8_0 conversion).
 # - k_dot_q5_0 (the GEMV of a Q5_0 matrix) takes k_dot_q8_0's steps on each
 #   block's levels, unpacked eight at a time in 64-bit general registers
 #   (_q5_0_levels: the integer ports are idle here) and read back by
@@ -53,6 +54,7 @@ cdef extern from "immintrin.h" nogil:
     ctypedef struct __m128:
         pass
     __m128i _mm_loadl_epi64(const __m128i* p)  # 8 bytes, any alignment
+    __m128i _mm_cvtsi64_si128(long long a)
     __m256i _mm256_cvtepi8_epi32(__m128i a)
     __m256i _mm256_cvtepu8_epi32(__m128i a)
     __m256i _mm256_and_si256(__m256i a, __m256i b)
@@ -307,6 +309,21 @@ cdef inline void _dequantize_grouped(float* out, const uint8_t* row, Py_ssize_t 
         row += Q8_0_BYTES
 
 
+cdef inline void _dequantize_grouped_q5_0(float* out, const uint8_t* row, Py_ssize_t n_blocks) noexcept nogil:
+    """One Q5_0 row dequantized group-major, as _dequantize_grouped its
+    Q8_0 conversion (the same levels and d, so the same f32 weights): each
+    group's 8 levels formed in a general register (_q5_0_word) and moved
+    to a vector register, not written to a Q8_0 tile and read back."""
+    cdef Py_ssize_t k, g, stride = n_blocks * 8
+    cdef __m256 d
+    for k in range(n_blocks):
+        d = _block_scale(row)
+        for g in range(4):
+            _mm256_storeu_ps(out + g * stride + k * 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_cvtsi64_si128(<long long> _q5_0_word(row, g)))), d))
+        row += Q5_0_BYTES
+
+
 cdef inline void _widen_grouped(float* out, const int8_t* row, Py_ssize_t n_blocks) noexcept nogil:
     """One int8 row (one scale per tensor, applied after the sum) as f32,
     group-major like _dequantize_grouped: out[(g * n_blocks + k) * 8 + j] =
@@ -380,8 +397,8 @@ cdef inline void _step_3x4(__m256* acc, const float* w0, const float* w1, const 
     acc[11] = _mm256_fmadd_ps(wc, xv, acc[11])
 
 
-cdef void _group_3x4(__m256* part, const float* w, Py_ssize_t w_stride,
-                     const float* x, Py_ssize_t x_stride, Py_ssize_t n) noexcept nogil:
+cdef inline void _group_3x4(__m256* part, const float* w, Py_ssize_t w_stride,
+                            const float* x, Py_ssize_t x_stride, Py_ssize_t n) noexcept nogil:
     """part[4 i + t] = the 8 lanes of sum_j w_i[j] x_t[j] over j < n (n a
     multiple of 8; lane l sums j = l mod 8 in order) for rows i < 3 and
     positions t < 4: 12 accumulator chains in registers, one step per
@@ -496,15 +513,17 @@ cdef float _score(const float* q, const float* key, Py_ssize_t n) noexcept nogil
 
 
 cdef inline bint _gemm_takes_q5_0() noexcept nogil:
-    """Q5_0 matrices reach _gemm converted to Q8_0 a tile of rows at a time (k_gemm)."""
-    return False
+    """Q5_0 matrices go to this module's _gemm as stored (k_gemm)."""
+    return True
 
 
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
-    """k_gemm (see the orders at the top of this file): a Q8_0 matrix, or an
-    int8 one whose rows are whole runs of 32 (its k_dot_i8 order is then the
-    same as Q8_0's, with the scale after the sum), by the blocked kernels:
+    """k_gemm (see the orders at the top of this file): a Q8_0 or Q5_0 matrix
+    (a Q5_0 row dequantized from its levels, _dequantize_grouped_q5_0: the
+    weights and the order of its Q8_0 conversion), or an int8 one whose
+    rows are whole runs of 32 (its k_dot_i8 order is then the same as
+    Q8_0's, with the scale after the sum), by the blocked kernels:
     positions in passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows
     dequantized at a time (then tiles of 3 for the last 1 to 5, the last
     one overlapping the one before if need be), the kernels run over every
@@ -513,10 +532,12 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     same order. An affine matrix (its k_dot_affine has the Q8_0 order) takes
     the same path, its rows dequantized exactly by _affine_grouped. Other
     int8 matrices and f32 ones: _gemm_by_rows."""
-    cdef bint q8_0 = w.layout == QLAYOUT_Q8_0
+    cdef bint q5_0 = w.layout == QLAYOUT_Q5_0
+    cdef bint q8_0 = w.layout == QLAYOUT_Q8_0 or q5_0  # (a Q5_0 matrix: its Q8_0 conversion's order)
     cdef bint affine = w.layout == QLAYOUT_AFFINE
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
-    cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if q8_0 else (_affine_row_bytes(w) if affine else cols)
+    cdef Py_ssize_t row_bytes = nb * (Q5_0_BYTES if q5_0 else Q8_0_BYTES) if q8_0 else (
+        _affine_row_bytes(w) if affine else cols)
     cdef const uint8_t* base = w.blocks if q8_0 or affine else <const uint8_t*> w.q
     cdef float scale = 1.0 if q8_0 or affine else w.scale  # (x * 1.0 is x, bit for bit)
     cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) dequantized rows, group-major
@@ -540,7 +561,9 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
             for i in range(n):
                 if not w.resident:
                     _prefetch_row(base + (r + i) * row_bytes, row_bytes)
-                if q8_0:
+                if q5_0:
+                    _dequantize_grouped_q5_0(wt + i * cols, base + (r + i) * row_bytes, nb)
+                elif q8_0:
                     _dequantize_grouped(wt + i * cols, base + (r + i) * row_bytes, nb)
                 elif affine:
                     _affine_grouped(wt + i * cols, base + (r + i) * row_bytes, cols, w.sub, w.has_offset)
@@ -560,7 +583,9 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
             r += n
         while r < rows:  # a matrix of 1 or 2 rows
             for t in range(t0, t0 + tn):
-                if q8_0:
+                if q5_0:
+                    out[t * rows + r] = k_dot_q5_0(base + r * row_bytes, x + t * cols, nb)
+                elif q8_0:
                     out[t * rows + r] = k_dot_q8_0(base + r * row_bytes, x + t * cols, nb)
                 elif affine:
                     out[t * rows + r] = k_dot_affine(base + r * row_bytes, x + t * cols, cols, w.sub, w.has_offset)
