@@ -302,7 +302,7 @@ def special_q5_0(rows: int, cols: int, rng) -> np.ndarray:
 
 
 @ISA
-@pytest.mark.parametrize("rows, cols, positions", [(1, 32, 1), (3, 96, 9), (257, 640, 70), (5, 1024, 1)])
+@pytest.mark.parametrize("rows, cols, positions", [(1, 32, 1), (2, 64, 5), (3, 96, 9), (257, 640, 70), (5, 1024, 1)])
 def test_q5_0_as_stored_is_its_q8_0_blocks_bit_for_bit(isa, rows, cols, positions):
     """A Q5_0 matrix read from its blocks (QLAYOUT_Q5_0: the decode GEMV
     unpacks the levels in registers, and so do the avx2 and avx512 GEMMs;
