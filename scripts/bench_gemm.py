@@ -2,7 +2,7 @@
 
 Gemma 3 270M's shapes (q: 1024 x 640, k and v: 256 x 640, gate and up:
 2048 x 640, o: 640 x 1024, down: 640 x 2048) in the block types its
-packaged file runs (Q8_0, Q4_K, Q6_K), random weights with every level
+packaged file runs (Q8_0, Q5_0, Q4_K, Q6_K), random weights with every level
 and a small f16 scale, for 64 positions (one block of the forward pass)
 and 512; q8 activations, or f32 with --mode f32. One line of JSON, so that
 two builds can be compared in fresh processes, runs interleaved:
@@ -23,11 +23,12 @@ import numpy as np
 from gemma_cy.fast import ops
 from gemma_cy.formats.gguf_reader import _F16_SCALE_OFFSETS
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
+from gemma_cy.quant.ggml import Q5_0Tensor
 from gemma_cy.quant.tensors import Q8_0Tensor, quantize_q8_0
 from gemma_cy.quant.types import GGML_TYPE_IDS, GGML_TYPES
 
-CASES = [("Q8_0", 2048, 640), ("Q8_0", 1024, 640), ("Q8_0", 256, 640), ("Q4_K", 640, 1024), ("Q4_K", 640, 2048),
-         ("Q6_K", 640, 2048)]
+CASES = [("Q8_0", 2048, 640), ("Q8_0", 1024, 640), ("Q8_0", 256, 640), ("Q5_0", 2048, 640), ("Q5_0", 1024, 640),
+         ("Q4_K", 640, 1024), ("Q4_K", 640, 2048), ("Q6_K", 640, 2048)]
 
 
 def matrix(kind: str, rows: int, cols: int, rng):
@@ -39,6 +40,8 @@ def matrix(kind: str, rows: int, cols: int, rng):
     for at in _F16_SCALE_OFFSETS[kind]:
         raw[:, at:at + 2] = np.full(raw.shape[0], 1e-3, "<f2").view(np.uint8).reshape(-1, 2)
     raw = raw.reshape(rows, -1)
+    if kind == "Q5_0":
+        return Q5_0Tensor.from_raw(raw, (rows, cols))
     return Q4_KTensor.from_raw(raw, (rows, cols)) if kind == "Q4_K" else AffineTensor.from_raw(raw, t.id, (rows, cols))
 
 

@@ -157,11 +157,12 @@ def special_q4_k(rows: int, cols: int, rng) -> np.ndarray:
 
 
 @ISA
-@pytest.mark.parametrize("rows, cols, positions", [(1, 256, 1), (3, 512, 9), (257, 256, 70), (5, 1024, 1)])
+@pytest.mark.parametrize("rows, cols, positions", [(1, 256, 1), (2, 512, 5), (3, 512, 9), (257, 256, 70), (5, 1024, 1)])
 def test_q4_k_as_stored_is_its_records_bit_for_bit(isa, rows, cols, positions):
     """A Q4_K matrix read from its super-blocks (QLAYOUT_Q4_K: the decode GEMV
-    unpacks nibbles in registers; the GEMM and the q8 mode turn tiles of 256
-    rows into records) gives the bits its affine records give, in both
+    unpacks nibbles in registers, and so does the avx2 GEMM; the other GEMMs
+    and the q8 mode turn tiles of 256 rows into records) gives the bits its
+    affine records give, in both
     activation modes, past a tile of rows and a pass of positions; and its
     weights are the gguf package's."""
     import gguf

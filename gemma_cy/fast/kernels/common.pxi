@@ -272,7 +272,9 @@ cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize
 
 
 # --- Q4_K and Q5_0 matrices (QLAYOUT_Q4_K, QLAYOUT_Q5_0): rows read as the
-# file stores them. Every path but the decode GEMV turns them into a layout
+# file stores them. Every path but the decode GEMV and the GEMMs of the
+# modules whose _gemm_takes_q4_k / _gemm_takes_q5_0 say so (they unpack the
+# levels in registers too) turns them into a layout
 # whose kernels it borrows, CONVERT_ROW_TILE rows at a time in the matrix's
 # scratch: Q4_K super-blocks into the affine records above (the bytes of
 # gemma_cy.quant.affine.AffineLevels.records), Q5_0 blocks into Q8_0 blocks
@@ -467,7 +469,7 @@ cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_toke
                  float* scratch) noexcept nogil:
     if n_tokens == 1:
         k_matvec(out, w, x)
-    elif w.layout == QLAYOUT_Q4_K or (w.layout == QLAYOUT_Q5_0 and not _gemm_takes_q5_0()):
+    elif (w.layout == QLAYOUT_Q4_K and not _gemm_takes_q4_k()) or (w.layout == QLAYOUT_Q5_0 and not _gemm_takes_q5_0()):
         _gemm_converted(out, w, x, NULL, NULL, n_tokens, scratch)
     else:
         _gemm(out, w, x, n_tokens, scratch)  # each module's own (dot_<isa>.pxi)

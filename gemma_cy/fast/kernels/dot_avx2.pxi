@@ -324,6 +324,32 @@ cdef inline void _dequantize_grouped_q5_0(float* out, const uint8_t* row, Py_ssi
         row += Q5_0_BYTES
 
 
+cdef inline void _dequantize_grouped_q4_k(float* out, const uint8_t* row, const float* ab,
+                                         Py_ssize_t cols) noexcept nogil:
+    """One Q4_K row (super-blocks back to back, ab its sub-blocks' a, b)
+    dequantized group-major as _affine_grouped its records: the exact
+    weights f32(f32(a * q) - b), sub-block s as block s, the levels unpacked
+    in registers as k_dot_q4_k does (so the same weights and order as the
+    records, without writing them)."""
+    cdef Py_ssize_t j, g, stride = cols // 32 * 8
+    cdef __m256i m15 = _mm256_set1_epi32(15), v
+    cdef __m256 a_lo, b_lo, a_hi, b_hi
+    cdef const uint8_t* qs
+    for j in range(cols // 64):  # sub-blocks 2 j (low nibbles) and 2 j + 1 (high)
+        qs = _q4_k_qs(row, j)
+        a_lo = _mm256_set1_ps(ab[0])
+        b_lo = _mm256_set1_ps(ab[1])
+        a_hi = _mm256_set1_ps(ab[2])
+        b_hi = _mm256_set1_ps(ab[3])
+        for g in range(4):
+            v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*> (qs + 8 * g)))
+            _mm256_storeu_ps(out + g * stride + 16 * j, _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m15)), a_lo), b_lo))
+            _mm256_storeu_ps(out + g * stride + 16 * j + 8, _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), a_hi), b_hi))
+        ab += 4
+
+
 cdef inline void _widen_grouped(float* out, const int8_t* row, Py_ssize_t n_blocks) noexcept nogil:
     """One int8 row (one scale per tensor, applied after the sum) as f32,
     group-major like _dequantize_grouped: out[(g * n_blocks + k) * 8 + j] =
@@ -517,6 +543,11 @@ cdef inline bint _gemm_takes_q5_0() noexcept nogil:
     return True
 
 
+cdef inline bint _gemm_takes_q4_k() noexcept nogil:
+    """Q4_K matrices go to this module's _gemm as stored (k_gemm)."""
+    return True
+
+
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
     """k_gemm (see the orders at the top of this file): a Q8_0 or Q5_0 matrix
@@ -534,10 +565,11 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     int8 matrices and f32 ones: _gemm_by_rows."""
     cdef bint q5_0 = w.layout == QLAYOUT_Q5_0
     cdef bint q8_0 = w.layout == QLAYOUT_Q8_0 or q5_0  # (a Q5_0 matrix: its Q8_0 conversion's order)
-    cdef bint affine = w.layout == QLAYOUT_AFFINE
+    cdef bint q4_k = w.layout == QLAYOUT_Q4_K  # (its records' order: affine)
+    cdef bint affine = w.layout == QLAYOUT_AFFINE or q4_k
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
     cdef Py_ssize_t row_bytes = nb * (Q5_0_BYTES if q5_0 else Q8_0_BYTES) if q8_0 else (
-        _affine_row_bytes(w) if affine else cols)
+        cols // Q4_K_BLOCK * Q4_K_BYTES if q4_k else _affine_row_bytes(w) if affine else cols)
     cdef const uint8_t* base = w.blocks if q8_0 or affine else <const uint8_t*> w.q
     cdef float scale = 1.0 if q8_0 or affine else w.scale  # (x * 1.0 is x, bit for bit)
     cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) dequantized rows, group-major
@@ -563,6 +595,8 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
                     _prefetch_row(base + (r + i) * row_bytes, row_bytes)
                 if q5_0:
                     _dequantize_grouped_q5_0(wt + i * cols, base + (r + i) * row_bytes, nb)
+                elif q4_k:
+                    _dequantize_grouped_q4_k(wt + i * cols, base + (r + i) * row_bytes, w.ab + (r + i) * nb * 2, cols)
                 elif q8_0:
                     _dequantize_grouped(wt + i * cols, base + (r + i) * row_bytes, nb)
                 elif affine:
@@ -585,6 +619,8 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
             for t in range(t0, t0 + tn):
                 if q5_0:
                     out[t * rows + r] = k_dot_q5_0(base + r * row_bytes, x + t * cols, nb)
+                elif q4_k:
+                    out[t * rows + r] = k_dot_q4_k(base + r * row_bytes, w.ab + r * nb * 2, x + t * cols, cols)
                 elif q8_0:
                     out[t * rows + r] = k_dot_q8_0(base + r * row_bytes, x + t * cols, nb)
                 elif affine:
@@ -673,21 +709,33 @@ cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ss
 cdef inline void _affine_grouped(float* out, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
                                  bint has_offset) noexcept nogil:
     """One affine row as exact f32 weights, group-major like
-    _dequantize_grouped: out[(g * nb + k) * 8 + j] = w[32 k + 8 g + j]."""
-    cdef Py_ssize_t nb = cols // 32, stride = nb * 8, rb = sub + 4 + (4 if has_offset else 0), k, s, g, c
+    _dequantize_grouped: out[(g * nb + k) * 8 + j] = w[32 k + 8 g + j]. Block
+    k of 32 values is one record of 32 (groups 0-3) or two of 16 (groups
+    0-1, then 2-3): the places follow from k alone (a general index per
+    group cost as much as the products)."""
+    cdef Py_ssize_t nb = cols // 32, stride = nb * 8, rb = sub + 4 + (4 if has_offset else 0), k, h
     cdef __m256 va, vb = _mm256_setzero_ps()
     cdef const int8_t* q
-    c = 0  # the value of the row where the record starts
-    for s in range(cols // sub):
-        q = <const int8_t*> rec
-        va = _mm256_set1_ps(_load_f32(rec + sub))
-        if has_offset:
-            vb = _mm256_set1_ps(_load_f32(rec + sub + 4))
-        for g in range(sub // 8):
-            k = (c + 8 * g) // 32
-            _mm256_storeu_ps(out + ((c + 8 * g) % 32 // 8) * stride + k * 8, _affine8(q + 8 * g, va, vb, has_offset))
-        c += sub
-        rec += rb
+    for k in range(nb):
+        if sub == 32:
+            q = <const int8_t*> rec
+            va = _mm256_set1_ps(_load_f32(rec + 32))
+            if has_offset:
+                vb = _mm256_set1_ps(_load_f32(rec + 36))
+            _mm256_storeu_ps(out + k * 8, _affine8(q, va, vb, has_offset))
+            _mm256_storeu_ps(out + stride + k * 8, _affine8(q + 8, va, vb, has_offset))
+            _mm256_storeu_ps(out + 2 * stride + k * 8, _affine8(q + 16, va, vb, has_offset))
+            _mm256_storeu_ps(out + 3 * stride + k * 8, _affine8(q + 24, va, vb, has_offset))
+            rec += rb
+        else:
+            for h in range(2):
+                q = <const int8_t*> rec
+                va = _mm256_set1_ps(_load_f32(rec + 16))
+                if has_offset:
+                    vb = _mm256_set1_ps(_load_f32(rec + 20))
+                _mm256_storeu_ps(out + 2 * h * stride + k * 8, _affine8(q, va, vb, has_offset))
+                _mm256_storeu_ps(out + (2 * h + 1) * stride + k * 8, _affine8(q + 8, va, vb, has_offset))
+                rec += rb
 
 
 # Attention at decode (_scores_few, _weighted_few): as the avx512 module's

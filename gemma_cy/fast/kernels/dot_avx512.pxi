@@ -259,6 +259,11 @@ cdef inline bint _gemm_takes_q5_0() noexcept nogil:
     return True
 
 
+cdef inline bint _gemm_takes_q4_k() noexcept nogil:
+    """Q4_K matrices reach _gemm as affine records, a tile of rows at a time (k_gemm)."""
+    return False
+
+
 cdef inline void _affine_row(float* w, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
                              bint has_offset, const Py_ssize_t* quarter) noexcept nogil:
     """One affine row's exact weights f32(f32(a * q) - b), as _affine32 forms

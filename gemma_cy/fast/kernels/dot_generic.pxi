@@ -92,6 +92,11 @@ cdef inline bint _gemm_takes_q5_0() noexcept nogil:
     return False
 
 
+cdef inline bint _gemm_takes_q4_k() noexcept nogil:
+    """Q4_K matrices reach _gemm as affine records, a tile of rows at a time (k_gemm)."""
+    return False
+
+
 cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
                    float* scratch) noexcept nogil:
     _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
