@@ -30,7 +30,7 @@ import numpy as np
 from gemma_cy.model.checks import check_activation_mode
 from gemma_cy.model.config import ModelConfig
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
-from gemma_cy.quant.ggml import Q5_0Tensor
+from gemma_cy.quant.ggml import Q4_1Tensor, Q5_0Tensor
 from gemma_cy.quant.tensors import Q8_0_BLOCK, Int8Tensor, Q8_0Tensor, quantize_activations_q8
 from gemma_cy.model.observe import Observer  # observer(layer, op, pos, value): the calls are listed there
 from gemma_cy.model.weights import Weights
@@ -79,12 +79,12 @@ class Q8Matrix:
 
     ROWS_PER_CHUNK = 8192  # bounds the f32 copy of the int8 values to ~20 MB at cols 640
 
-    def __init__(self, tensor: Int8Tensor | Q8_0Tensor | Q5_0Tensor | AffineTensor | Q4_KTensor) -> None:
+    def __init__(self, tensor: Int8Tensor | Q8_0Tensor | Q5_0Tensor | AffineTensor | Q4_KTensor | Q4_1Tensor) -> None:
         rows, cols = tensor.shape
         if cols % Q8_0_BLOCK:
             raise ValueError(f"q8 activations need cols % {Q8_0_BLOCK} == 0, got a ({rows}, {cols}) matrix")
         self.shape = (rows, cols)
-        self.affine = tensor.levels() if isinstance(tensor, (AffineTensor, Q4_KTensor)) else None
+        self.affine = tensor.levels() if isinstance(tensor, (AffineTensor, Q4_KTensor, Q4_1Tensor)) else None
         if self.affine is not None:
             self.wq, self.wd, self.scale = None, None, None
         elif isinstance(tensor, (Q8_0Tensor, Q5_0Tensor)):  # a Q5_0Tensor's levels and d are its Q8_0 blocks'
@@ -116,7 +116,7 @@ class Q8Matrix:
         return out
 
     def _affine_matmul(self, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-        """An AffineTensor (or a Q4_KTensor, read as its records) times quantized activations, record after record:
+        """An AffineTensor (or a Q4_KTensor or Q4_1Tensor, read as its records) times quantized activations, record after record:
         acc += f64(isum) * f64(f32(a * d)), then acc -= f64(qsum) * f64(f32(b * d)),
         with isum = sum q * xq and qsum = sum xq over the record's values and d
         the activations' block scale (kernels/common.pxi, k_dot_affine_q8)."""

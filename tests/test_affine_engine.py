@@ -22,7 +22,7 @@ from gemma_cy.model.config import ModelConfig
 from gemma_cy.model.weights import expected_shapes
 from gemma_cy.formats.gguf_reader import _F16_SCALE_OFFSETS
 from gemma_cy.quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, Q4_KTensor, to_affine
-from gemma_cy.quant.ggml import Q5_0Tensor, to_q8_0
+from gemma_cy.quant.ggml import Q4_1Tensor, Q5_0Tensor, to_q8_0
 from gemma_cy.quant.types import GGML_TYPE_IDS, GGML_TYPES
 from gemma_cy.quant.tensors import Int8Tensor, Q8_0Tensor
 from gemma_cy_reference.layers import Q8Matrix
@@ -143,17 +143,39 @@ def test_affine_q8_mode_is_the_references_bit_for_bit(isa, name):
 SPECIAL_F16 = np.array([0.0, 2.0 ** -24, 3 * 2.0 ** -20, 6.1e-5, 65504.0, -1.5, 1e-3], np.float16)
 
 
-def special_q4_k(rows: int, cols: int, rng) -> np.ndarray:
-    """Q4_K blocks whose f16 d and dmin are drawn from the extremes as well:
-    zero, subnormal, the largest finite, negative; every 6-bit scale and
-    min code appears (the 12 scale bytes are random)."""
-    raw = random_raw("Q4_K", rows, cols, rng, 0.5).reshape(-1, 144).copy()
+def special_blocks(name: str, rows: int, cols: int, rng) -> np.ndarray:
+    """Random blocks of ``name`` (random_raw) whose two f16 fields at bytes
+    0 and 2 (Q4_K's d and dmin, Q4_1's d and m) are drawn, for about a
+    third of the blocks, from the extremes: zero, subnormal, the largest
+    finite, negative."""
+    t = GGML_TYPES[GGML_TYPE_IDS[name]]
+    raw = random_raw(name, rows, cols, rng, 0.5).reshape(-1, t.type_size).copy()
     pick = rng.random(raw.shape[0]) < 0.3
     for at in (0, 2):
         values = raw[:, at:at + 2].copy().view("<f2")[:, 0]
         values[pick] = rng.choice(SPECIAL_F16, int(pick.sum()))
         raw[:, at:at + 2] = values.astype("<f2").view(np.uint8).reshape(-1, 2)
-    return raw.reshape(rows, -1)
+    return raw
+
+
+def stored_and_records(kind: str, stored_type, raw: np.ndarray):
+    """``raw`` (rows, bytes) as stored_type (the file's blocks) and as its
+    affine records, once the stored tensor's weights are checked against
+    the gguf package's; returns (stored, records, their weights)."""
+    import gguf
+
+    t = GGML_TYPES[GGML_TYPE_IDS[kind]]
+    stored = stored_type.from_raw(raw, (raw.shape[0], raw.shape[1] // t.type_size * t.block_size))
+    records = AffineTensor.from_raw(raw, GGML_TYPE_IDS[kind], stored.shape)
+    theirs = gguf.quants.dequantize(raw.reshape(-1), gguf.GGMLQuantizationType[kind]).reshape(stored.shape)
+    np.testing.assert_array_equal(stored.dequantize().view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+    return stored, records, theirs
+
+
+def special_q4_k(rows: int, cols: int, rng) -> np.ndarray:
+    """Q4_K blocks with special_blocks' f16 d and dmin; every 6-bit scale
+    and min code appears (the 12 scale bytes are random)."""
+    return special_blocks("Q4_K", rows, cols, rng).reshape(rows, -1)
 
 
 @ISA
@@ -165,16 +187,49 @@ def test_q4_k_as_stored_is_its_records_bit_for_bit(isa, rows, cols, positions):
     affine records give, in both
     activation modes, past a tile of rows and a pass of positions; and its
     weights are the gguf package's."""
-    import gguf
-
     m = kernels(isa)
     rng = np.random.default_rng(rows * 7 + cols)
-    raw = special_q4_k(rows, cols, rng)
-    stored = Q4_KTensor.from_raw(raw, (rows, cols))
-    records = AffineTensor.from_raw(raw, GGML_TYPE_IDS["Q4_K"], (rows, cols))
-    theirs = gguf.quants.dequantize(raw.reshape(-1), gguf.GGMLQuantizationType.Q4_K).reshape(rows, cols)
-    np.testing.assert_array_equal(stored.dequantize().view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+    stored, records, _ = stored_and_records("Q4_K", Q4_KTensor, special_q4_k(rows, cols, rng))
     assert_gemm_bits_equal(m, stored, records, rng.uniform(-1, 1, (positions, cols)).astype(np.float32), isa)
+
+
+def special_q4_1(rows: int, cols: int, rng) -> np.ndarray:
+    """Q4_1 blocks with special_blocks' f16 d and m, the first block's
+    nibbles 0..15 (value j and 16 + j: nibble j)."""
+    raw = special_blocks("Q4_1", rows, cols, rng)
+    raw[0, 4:20] = np.arange(16, dtype=np.uint8) * 17
+    return raw.reshape(rows, -1)
+
+
+@ISA
+@pytest.mark.parametrize("rows, cols, positions", [(1, 32, 1), (2, 64, 5), (3, 96, 9), (257, 576, 70), (5, 1536, 1)])
+def test_q4_1_as_stored_is_its_records_bit_for_bit(isa, rows, cols, positions):
+    """A Q4_1 matrix read from its blocks (QLAYOUT_Q4_1: the avx2 GEMV and
+    GEMM unpack the nibbles in registers; the other modules, the q8 mode
+    and the row lookup turn tiles of 256 rows into records) gives the bits
+    its affine records give, in both activation modes, past a tile of rows
+    and a pass of positions, and so does the reference's q8 matrix; its
+    weights are the gguf package's."""
+    m = kernels(isa)
+    rng = np.random.default_rng(rows * 7 + cols)
+    stored, records, theirs = stored_and_records("Q4_1", Q4_1Tensor, special_q4_1(rows, cols, rng))
+    np.testing.assert_array_equal(stored.affine().records, records.records)
+    x = rng.uniform(-1, 1, (positions, cols)).astype(np.float32)
+    decoded_q8 = assert_gemm_bits_equal(m, stored, records, x, isa)
+    np.testing.assert_array_equal((Q8Matrix(stored) @ x[-1]).view(np.uint32), decoded_q8.view(np.uint32))
+    for r in sorted({0, rows // 2, rows - 1}):  # an embedding lookup
+        np.testing.assert_array_equal(m.matrix_row(stored, r).view(np.uint32), stored.row(r).view(np.uint32))
+        np.testing.assert_array_equal(stored.row(r).view(np.uint32), theirs[r].astype(np.float32).view(np.uint32))
+
+
+def test_q4_1_tensor_refuses_what_is_not_a_matrix_of_whole_blocks():
+    raw = np.zeros((3, 20), np.uint8)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q4_1Tensor.from_raw(raw, (3, 48))
+    with pytest.raises(ValueError, match="do not hold"):
+        Q4_1Tensor.from_raw(raw, (2, 64))
+    with pytest.raises(TypeError):
+        Q4_1Tensor(np.zeros((3, 1, 22), np.uint8))
 
 
 def assert_gemm_bits_equal(m, stored, converted, x: np.ndarray, isa: str) -> np.ndarray:
@@ -192,7 +247,8 @@ def assert_gemm_bits_equal(m, stored, converted, x: np.ndarray, isa: str) -> np.
 
 @ISA
 @pytest.mark.parametrize("kind, cols", [("Q8_0 blocks", 2048), ("Q8_0 blocks", 2080), ("Q5_0 as stored", 2080),
-                                        ("Q4_K as stored", 2048), ("Q6_K", 2048), ("Q4_1", 2080)])
+                                        ("Q4_K as stored", 2048), ("Q6_K", 2048), ("Q4_1", 2080),
+                                        ("Q4_1 as stored", 2080)])
 def test_f32_gemm_of_long_rows_is_the_gemv_at_every_position(isa, kind, cols):
     """Rows of 2,048 values or more (the avx512 GEMM forms them, and copies
     the positions, group-major: each accumulator's 16-value groups side by
@@ -225,11 +281,14 @@ def q8_gemm_matrix(kind: str, rows: int, cols: int, rng):
         return Q4_KTensor.from_raw(special_q4_k(rows, cols, rng), (rows, cols))
     if kind == "Q5_0 as stored":
         return Q5_0Tensor.from_raw(random_raw("Q5_0", rows, cols, rng, 0.5), (rows, cols))
+    if kind == "Q4_1 as stored":
+        return Q4_1Tensor.from_raw(special_q4_1(rows, cols, rng), (rows, cols))
     return AffineTensor.from_raw(random_raw(kind, rows, cols, rng, 0.5), GGML_TYPE_IDS[kind], (rows, cols))
 
 
 @ISA
-@pytest.mark.parametrize("kind", ["int8", "Q8_0 blocks", "Q4_K as stored", "Q5_0 as stored", *AFFINE_TYPES])
+@pytest.mark.parametrize("kind", ["int8", "Q8_0 blocks", "Q4_K as stored", "Q5_0 as stored", "Q4_1 as stored",
+                                  *AFFINE_TYPES])
 @pytest.mark.parametrize("rows, cols", [(1, 256), (15, 512), (17, 256), (40, 768)])
 def test_q8_gemm_is_the_gemv_at_every_position(isa, kind, rows, cols):
     """The q8 GEMM (the avx512 module: panels of 16 rows, 4 positions at a
@@ -409,7 +468,8 @@ def test_every_matrix_is_read_as_the_file_stores_it(every_type_gguf):
     theirs = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
     for name, kind in types.items():
         t = weights[name]
-        held = {"Q8_0": Q8_0Tensor, "Q4_0": Q8_0Tensor, "Q5_0": Q5_0Tensor, "Q4_K": Q4_KTensor}.get(kind, AffineTensor)
+        held = {"Q8_0": Q8_0Tensor, "Q4_0": Q8_0Tensor, "Q5_0": Q5_0Tensor, "Q4_K": Q4_KTensor,
+                "Q4_1": Q4_1Tensor}.get(kind, AffineTensor)
         assert isinstance(t, held), (name, kind, type(t))
         ours = t.dequantize()
         want = np.asarray(theirs[gguf_tensor_name(name)], np.float32).reshape(ours.shape)

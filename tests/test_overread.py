@@ -111,6 +111,17 @@ KERNELS = textwrap.dedent('''
                     m.gemm(t, g(f32(positions, 32 * nb)), activations="q8")
                 m.matrix_row(t, rows - 1)
                 calls += 5
+        from gemma_cy.quant.ggml import Q4_1Tensor
+        for nb in range(1, 12):  # Q4_1 blocks of 20 bytes (the GEMV, the GEMM, the q8 mode, a row)
+            for rows in (1, 3, 7):
+                raw = rng.integers(0, 256, (rows, nb, 20), dtype=np.uint8)
+                raw[..., 0:4] = np.array([0.01, -0.05], np.float16).view(np.uint8)
+                t = Q4_1Tensor(g(raw))
+                for positions in (1, 2, 5):
+                    m.gemm(t, g(f32(positions, 32 * nb)))
+                    m.gemm(t, g(f32(positions, 32 * nb)), activations="q8")
+                m.matrix_row(t, rows - 1)
+                calls += 7
     print("ok", calls)
 ''')
 

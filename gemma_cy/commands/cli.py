@@ -16,7 +16,7 @@ from ..generation.penalties import DEFAULT_REPEAT_LAST_N
 from ..generation.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE
 from ..errors import GemmaCyError, ParameterError
 from ..quant.affine import AffineTensor, Q4_KTensor
-from ..quant.ggml import Q5_0Tensor
+from ..quant.ggml import Q4_1Tensor, Q5_0Tensor
 from ..quant.tensors import Int8Tensor
 
 EXIT_ERROR = 1
@@ -163,6 +163,8 @@ def tensor_kind(t) -> str:
         return "Q4_K as stored, with each sub-block's scale and offset as f32"
     if isinstance(t, Q5_0Tensor):
         return "Q5_0 as stored"
+    if isinstance(t, Q4_1Tensor):
+        return "Q4_1 as stored"
     return type(t).__name__
 
 

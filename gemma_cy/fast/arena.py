@@ -29,7 +29,7 @@ import numpy as np
 
 from ..formats.mapped import release_pages
 from ..quant.affine import Q4_KTensor
-from ..quant.ggml import Q5_0Tensor
+from ..quant.ggml import Q4_1Tensor, Q5_0Tensor
 from ..quant.tensors import Int8Tensor, Q8_0Tensor
 
 COPY_CHUNK_BYTES = 8 << 20  # copied, then released from the map, at a time
@@ -46,7 +46,7 @@ def _values(tensor) -> np.ndarray | None:
         return tensor.q
     if isinstance(tensor, Q8_0Tensor) and tensor.blocks.ndim == 3:
         return tensor.blocks
-    if isinstance(tensor, (Q4_KTensor, Q5_0Tensor)):
+    if isinstance(tensor, (Q4_KTensor, Q4_1Tensor, Q5_0Tensor)):
         return tensor.blocks
     return None
 
@@ -108,7 +108,7 @@ def pack_matrices(tensors: dict[str, object], order: list[str]) -> tuple[dict[st
         dst = memory[start:start + src.nbytes].view(src.dtype).reshape(src.shape)
         _copy_releasing(dst, src, _read_only_map(src))
         dst.flags.writeable = False
-        field = "q" if isinstance(tensors[n], Int8Tensor) else "blocks"  # Q8_0Tensor, Q4_KTensor, Q5_0Tensor
+        field = "q" if isinstance(tensors[n], Int8Tensor) else "blocks"  # Q8_0Tensor, Q4_KTensor, Q4_1Tensor, Q5_0Tensor
         packed[n] = replace(tensors[n], **{field: dst})
     return packed, arena
 

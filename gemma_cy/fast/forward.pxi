@@ -46,7 +46,7 @@ from gemma_cy.fast.arena import lay_out_for_decode, release_file_maps
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
-from gemma_cy.quant.ggml import Q5_0Tensor
+from gemma_cy.quant.ggml import Q4_1Tensor, Q5_0Tensor
 
 
 # The layer ops the trace records, in gemma_cy.observe.LAYER_OPS order; the
@@ -125,7 +125,7 @@ cdef Py_ssize_t _matrix_bytes(object tensor):
     """Bytes of a weight matrix's values as stored (0 for a vector)."""
     if len(tensor.shape) != 2:
         return 0
-    if isinstance(tensor, (Q8_0Tensor, Q5_0Tensor)):
+    if isinstance(tensor, (Q8_0Tensor, Q5_0Tensor, Q4_1Tensor)):
         return tensor.blocks.nbytes
     if isinstance(tensor, AffineTensor):
         return tensor.records.nbytes
@@ -137,19 +137,21 @@ cdef Py_ssize_t _matrix_bytes(object tensor):
 
 
 cdef QLayout _converted_layout(object tensor):
-    """QLAYOUT_Q4_K or QLAYOUT_Q5_0 for the tensors whose matrices the
+    """QLAYOUT_Q4_K, QLAYOUT_Q4_1 or QLAYOUT_Q5_0 for the tensors whose matrices the
     kernels convert a tile at a time (k_convert_scratch_bytes), else
     QLAYOUT_I8_TENSOR (which needs no scratch)."""
     if isinstance(tensor, Q4_KTensor):
         return QLAYOUT_Q4_K
     if isinstance(tensor, Q5_0Tensor):
         return QLAYOUT_Q5_0
+    if isinstance(tensor, Q4_1Tensor):
+        return QLAYOUT_Q4_1
     return QLAYOUT_I8_TENSOR
 
 
 cdef object _convert_scratch(object tensors, Py_ssize_t n_tokens):
-    """One scratch (uint8, 64-byte aligned) for every Q4_KTensor and
-    Q5_0Tensor among ``tensors`` run on up to n_tokens positions at once
+    """One scratch (uint8, 64-byte aligned) for every Q4_KTensor, Q4_1Tensor
+    and Q5_0Tensor among ``tensors`` run on up to n_tokens positions at once
     (k_convert_scratch_bytes of the widest), or None when there is none."""
     cdef Py_ssize_t size = 0
     cdef QLayout layout
@@ -167,9 +169,9 @@ cdef object _convert_scratch(object tensors, Py_ssize_t n_tokens):
 cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=None,
                       Py_ssize_t n_tokens=0) except *:
     """The kernels' view of a weight matrix (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor,
-    Q5_0Tensor, 2-D F32Tensor): a pointer into its (read-only, usually
+    Q4_1Tensor, Q5_0Tensor, 2-D F32Tensor): a pointer into its (read-only, usually
     mapped) values, no copy; ``keep`` keeps the array alive. ``resident``:
-    the model stays in cache. A Q4_KTensor or Q5_0Tensor needs ``scratch``
+    the model stays in cache. A Q4_KTensor, Q4_1Tensor or Q5_0Tensor needs ``scratch``
     (_convert_scratch) for k_gemm calls of up to n_tokens positions."""
     cdef const int8_t[:, ::1] view
     cdef const uint8_t[:, :, ::1] blocks
@@ -245,9 +247,20 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
         m.rows = blocks.shape[0]
         m.cols = blocks.shape[1] * Q8_0_BLOCK
         m.layout = QLAYOUT_Q5_0
+    elif isinstance(tensor, Q4_1Tensor):
+        blocks = _array(tensor.blocks, "Q4_1 blocks", np.uint8, (3,))
+        if blocks.shape[2] != Q4_1_BYTES:
+            raise ValueError(f"Q4_1 blocks of shape {tensor.blocks.shape}: expected (rows, n, {Q4_1_BYTES})")
+        keep.append(tensor.blocks)
+        m.blocks = &blocks[0, 0, 0]
+        m.rows = blocks.shape[0]
+        m.cols = blocks.shape[1] * Q8_0_BLOCK
+        m.sub = 32  # its records'
+        m.has_offset = True
+        m.layout = QLAYOUT_Q4_1
     else:
         raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
-    if m.layout == QLAYOUT_Q4_K or m.layout == QLAYOUT_Q5_0:  # the kernels write up to need bytes there
+    if m.layout == QLAYOUT_Q4_K or m.layout == QLAYOUT_Q4_1 or m.layout == QLAYOUT_Q5_0:  # the kernels write there
         need = k_convert_scratch_bytes(m.layout, m.cols, n_tokens)
         if scratch is None or _array(scratch, "scratch", np.uint8, (1,)).nbytes < need \
                 or scratch.ctypes.data % 64 or not scratch.flags.writeable:
@@ -420,8 +433,11 @@ cdef class FastModel:
             # GEMV on Q8_0 rows beats both converting tiles on every step and
             # unpacking Q5_0 levels inside the q8 dot product, which costs
             # more per block than the Q8_0 rows' extra bytes
-            # (docs/benchmarks.md#history, sixth session).
-            tensors = {name: t.q8_0() if isinstance(t, Q5_0Tensor) else t for name, t in tensors.items()}
+            # (docs/benchmarks.md#history, sixth session). Each Q4_1 matrix
+            # likewise runs as its records, whose q8 GEMV (_gemv_affine32_q8)
+            # the q8 mode has.
+            tensors = {name: t.q8_0() if isinstance(t, Q5_0Tensor) else t.affine() if isinstance(t, Q4_1Tensor)
+                       else t for name, t in tensors.items()}
         cdef bint resident = sum(_matrix_bytes(t) for t in tensors.values()) <= RESIDENT_MODEL_BYTES
         # the matrices a decode step streams, in its order, copied out of the
         # file's map into one arena of 2 MiB pages, unless the map has such
@@ -954,7 +970,8 @@ cdef class FastModel:
 
 def gemm(tensor, x, str activations="f32", bint resident=False):
     """out (T, rows) = x (T, cols) . w^T for a weight matrix ``tensor``
-    (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor, Q5_0Tensor or a 2-D F32Tensor) the way the forward pass
+    (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor, Q4_1Tensor, Q5_0Tensor or a 2-D F32Tensor) the way the
+    forward pass
     computes a block of
     T positions (k_gemm, or k_quantize_q8 + k_gemm_q8 when activations is
     "q8"); ``resident`` picks the in-cache variant. For tests and tools."""

@@ -17,7 +17,7 @@ from ..model.config import ModelConfig
 from ..model.weights import Weights, expected_shapes
 from ..quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, Q4_KTensor
 from ..quant.types import GGML_TYPE_IDS
-from ..quant.ggml import BF16, F16, Q5_0, Q5_0Tensor, dequantize, is_exact_in_q8_0, to_q8_0
+from ..quant.ggml import BF16, F16, Q4_1, Q5_0, Q4_1Tensor, Q5_0Tensor, dequantize, is_exact_in_q8_0, to_q8_0
 from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from .mapped import release_pages
 from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, StringArray, close_quietly, parse_gguf, type_name)
@@ -312,7 +312,8 @@ def _read_model(path, tensor: Callable[[GGUFFile, str], object], keep_map: bool)
     return weights
 
 
-def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | Q5_0Tensor | AffineTensor | Q4_KTensor:
+def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | Q5_0Tensor | AffineTensor | Q4_KTensor \
+        | Q4_1Tensor:
     """Tensor ``g`` as the engines run it, every weight the file's value
     (docs/numerics.md#weights-as-stored): an F32 vector or a Q8_0 matrix as a
     zero-copy, read-only view of the map (an F32 matrix too; an F16 or BF16
@@ -320,7 +321,8 @@ def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | Q5_0Tensor 
     view of the map too); a Q4_0 matrix as Q8_0 blocks (the same f16 scale
     and integer levels, laid out once at load);
     a Q4_K matrix as a Q4_KTensor (its blocks a view of the map, each
-    sub-block's scale and offset worked out once); a matrix of another
+    sub-block's scale and offset worked out once); a Q4_1 matrix as a
+    Q4_1Tensor (a view of the map); a matrix of another
     integer block type as an AffineTensor (levels, scale and offset per
     sub-block, laid out once at load). Any other type or rank is refused,
     naming the tensor and its type."""
@@ -342,6 +344,8 @@ def _mapped_tensor(gf: GGUFFile, g: str) -> F32Tensor | Q8_0Tensor | Q5_0Tensor 
             return _laid_out(gf, t, Q8_0Tensor(to_q8_0(gf.raw(g), t.ggml_type, t.shape)))
         if len(t.dims) == 2 and t.ggml_type == GGML_TYPE_IDS["Q4_K"]:
             return Q4_KTensor.from_raw(gf.raw(g), t.shape)
+        if len(t.dims) == 2 and t.ggml_type == Q4_1:
+            return Q4_1Tensor.from_raw(gf.raw(g), t.shape)
         if len(t.dims) == 2 and t.ggml_type in DECOMPOSERS:
             return _laid_out(gf, t, AffineTensor.from_raw(gf.raw(g), t.ggml_type, t.shape))
     except ValueError as e:

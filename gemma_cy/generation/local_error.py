@@ -127,9 +127,9 @@ def tensors_of(layer: int, op: str, n_layers: int) -> list[str]:
 def block_type(tensor) -> str:
     """How a tensor is stored: its GGUF block type, F32, or int8 per tensor (GMW1)."""
     from ..quant.affine import AffineTensor, Q4_KTensor
-    from ..quant.ggml import Q5_0Tensor
+    from ..quant.ggml import Q4_1Tensor, Q5_0Tensor
     from ..quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
-    if isinstance(tensor, (AffineTensor, Q4_KTensor, Q5_0Tensor)):
+    if isinstance(tensor, (AffineTensor, Q4_KTensor, Q4_1Tensor, Q5_0Tensor)):
         return tensor.source
     if isinstance(tensor, Q8_0Tensor):
         return "Q8_0"

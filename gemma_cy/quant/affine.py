@@ -318,3 +318,4 @@ class Q4_KTensor:
     def row(self, index: int) -> np.ndarray:
         """One row as f32 (an embedding lookup)."""
         return to_affine(self.blocks[index:index + 1], GGML_TYPE_IDS["Q4_K"], (1, self.shape[1])).values()[0]
+

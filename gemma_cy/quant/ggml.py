@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from .affine import AFFINE_TYPES, DECOMPOSERS, to_affine
+from .affine import AFFINE_TYPES, DECOMPOSERS, AffineLevels, AffineTensor, to_affine
 from .tensors import Q8_0_BLOCK, Q8_0_BYTES, Q8_0Tensor, quantize_q8_0
 from .types import GGML_TYPE_IDS, GGML_TYPES
 
@@ -56,6 +56,27 @@ def _as_blocks(raw: np.ndarray, ggml_type: int, n_values: int) -> np.ndarray:
     if n_values % t.block_size or raw.size != n_values // t.block_size * t.type_size:
         raise ValueError(f"{raw.size} bytes do not hold {n_values} values of type {t.name}")
     return raw.reshape(-1, t.type_size)
+
+
+def _matrix_blocks(raw: np.ndarray, ggml_type: int, shape: tuple[int, int]) -> np.ndarray:
+    """``raw`` bytes of a (rows, cols) matrix of ``ggml_type`` as (rows,
+    cols // block_size, type_size) u8, a view; ValueError when ``shape`` is
+    not a matrix of whole blocks or the bytes do not hold it."""
+    t = GGML_TYPES[ggml_type]
+    if len(shape) != 2 or shape[1] % t.block_size:
+        raise ValueError(f"{t.name} needs a matrix with rows of a multiple of {t.block_size} values, "
+                         f"got shape {tuple(shape)}")
+    rows, cols = shape
+    blocks = _as_blocks(np.asarray(raw, dtype=np.uint8).reshape(-1), ggml_type, rows * cols)
+    return blocks.reshape(rows, cols // t.block_size, t.type_size)
+
+
+def _check_blocks(blocks, ggml_type: int) -> None:
+    """TypeError unless ``blocks`` is uint8 (rows, n_blocks, type_size)."""
+    t = GGML_TYPES[ggml_type]
+    if not isinstance(blocks, np.ndarray) or blocks.dtype != np.uint8 or blocks.ndim != 3 \
+            or blocks.shape[-1] != t.type_size:
+        raise TypeError(f"{t.name}Tensor needs uint8 blocks (rows, n_blocks, {t.type_size})")
 
 
 def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -119,21 +140,14 @@ class Q5_0Tensor:
     blocks: np.ndarray
 
     def __post_init__(self) -> None:
-        b = self.blocks
-        if not isinstance(b, np.ndarray) or b.dtype != np.uint8 or b.ndim != 3 or b.shape[-1] != Q5_0_BYTES:
-            raise TypeError(f"Q5_0Tensor needs uint8 blocks (rows, n_blocks, {Q5_0_BYTES})")
+        _check_blocks(self.blocks, Q5_0)
 
     @classmethod
     def from_raw(cls, raw: np.ndarray, shape: tuple[int, int]) -> Q5_0Tensor:
         """The Q5_0 matrix of ``shape`` stored as ``raw`` (a view of the
         blocks, no copy). ValueError when ``shape`` is not a matrix of whole
         blocks or the bytes do not hold it."""
-        if len(shape) != 2 or shape[1] % Q8_0_BLOCK:
-            raise ValueError(f"Q5_0 needs a matrix with rows of a multiple of {Q8_0_BLOCK} values, "
-                             f"got shape {tuple(shape)}")
-        rows, cols = shape
-        blocks = _as_blocks(np.asarray(raw, dtype=np.uint8).reshape(-1), Q5_0, rows * cols)
-        return cls(blocks.reshape(rows, cols // Q8_0_BLOCK, Q5_0_BYTES))
+        return cls(_matrix_blocks(raw, Q5_0, shape))
 
     source = "Q5_0"
 
@@ -162,3 +176,52 @@ class Q5_0Tensor:
     def row(self, index: int) -> np.ndarray:
         """One row as f32 (an embedding lookup)."""
         return Q5_0Tensor(self.blocks[index:index + 1]).dequantize()[0]
+
+
+Q4_1 = GGML_TYPE_IDS["Q4_1"]
+Q4_1_BYTES = 20  # f16 d, f16 m, 16 bytes of nibbles per block of 32
+
+
+@dataclass(frozen=True)
+class Q4_1Tensor:
+    """A Q4_1 weight matrix (rows, cols) held as the file stores it, for the
+    fast engine's QLAYOUT_Q4_1 (gemma_cy/fast/kernels/common.pxi): ``blocks``
+    uint8 (rows, cols // 32, 20), usually a read-only zero-copy view of the
+    map. Block: f16 d, f16 m, then qs (16 bytes: value j < 16 the low nibble
+    of qs[j], 16 + j its high nibble); weight j = f32(d) * q_j + f32(m), one
+    rounding. Its weights are its records' (``affine()``: a = f32(d),
+    b = -f32(m)), read from 0.625 bytes per weight against the records'
+    1.25."""
+
+    blocks: np.ndarray
+
+    def __post_init__(self) -> None:
+        _check_blocks(self.blocks, Q4_1)
+
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, shape: tuple[int, int]) -> Q4_1Tensor:
+        """The Q4_1 matrix of ``shape`` stored as ``raw`` (a view of the
+        blocks, no copy). ValueError when ``shape`` is not a matrix of whole
+        blocks or the bytes do not hold it."""
+        return cls(_matrix_blocks(raw, Q4_1, shape))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.blocks.shape[0], self.blocks.shape[1] * 32)
+
+    source = "Q4_1"
+
+    def levels(self) -> AffineLevels:
+        return to_affine(self.blocks, Q4_1, self.shape)
+
+    def affine(self) -> AffineTensor:
+        """The same weights as records (what the paths that convert read)."""
+        return AffineTensor.from_raw(self.blocks, Q4_1, self.shape)
+
+    def dequantize(self) -> np.ndarray:
+        """All weights as f32: ggml's dequantized values, bit for bit."""
+        return self.levels().values()
+
+    def row(self, index: int) -> np.ndarray:
+        """One row as f32 (an embedding lookup)."""
+        return Q4_1Tensor(self.blocks[index:index + 1]).dequantize()[0]

@@ -19,6 +19,7 @@ cdef enum QLayout:
     QLAYOUT_F32 = 3  # f32 values (GGUF F32, and F16 / BF16 widened exactly at load)
     QLAYOUT_Q4_K = 4  # ggml's Q4_K super-blocks as the file stores them, with their sub-blocks' a, b as f32
     QLAYOUT_Q5_0 = 5  # ggml's Q5_0 blocks as the file stores them: a Q8_0 block's d and levels in 22 bytes
+    QLAYOUT_Q4_1 = 6  # ggml's Q4_1 blocks as the file stores them: an affine record of 32's levels, a, b in 20 bytes
 
 # Q4_K: each run of 256 values of a row is one super-block of 144 bytes (f16
 # d, f16 dmin, 12 bytes of 6-bit scales and mins, then 128 bytes qs):
@@ -36,7 +37,15 @@ cdef enum:
 cdef enum:
     Q5_0_BYTES = 22  # bytes per block of 32
 
-# QLAYOUT_Q4_K and QLAYOUT_Q5_0 rows are turned, this many at a time, into
+# Q4_1: each run of 32 values of a row is one block of 20 bytes: the f16
+# scale d, the f16 offset m (little-endian), then qs[16] (value j < 16 the
+# low nibble of qs[j], 16 + j its high nibble). Weight j = f32(d) * q_j +
+# f32(m), one rounding: the affine record of 32 with a = f32(d), b = -f32(m).
+cdef enum:
+    Q4_1_BYTES = 20  # bytes per block of 32
+    Q4_1_RECORD_BYTES = 40  # one block as an affine record: 32 levels, a, b
+
+# QLAYOUT_Q4_K, QLAYOUT_Q4_1 and QLAYOUT_Q5_0 rows are turned, this many at a time, into
 # the layout whose kernels they borrow (affine records, Q8_0 blocks) by
 # k_gemm, k_gemm_q8 and k_matrix_row.
 cdef enum:
@@ -59,14 +68,15 @@ cdef struct QMatrix:
     const uint8_t* blocks  # QLAYOUT_Q8_0: (rows, cols / 32, 34) bytes, any start address;
                            # QLAYOUT_AFFINE: (rows, cols / sub, sub + 4 [+ 4]) records, 4-byte aligned;
                            # QLAYOUT_Q4_K: (rows, cols / 256, 144) super-blocks, any address;
-                           # QLAYOUT_Q5_0: (rows, cols / 32, 22) blocks, any address
+                           # QLAYOUT_Q5_0: (rows, cols / 32, 22) blocks, any address;
+                           # QLAYOUT_Q4_1: (rows, cols / 32, 20) blocks, any address
     float scale  # QLAYOUT_I8_TENSOR: the one scale of the tensor
     Py_ssize_t rows
-    Py_ssize_t cols  # QLAYOUT_Q8_0, QLAYOUT_AFFINE, QLAYOUT_Q5_0: a multiple of 32 (QLAYOUT_Q4_K: of 256)
-    Py_ssize_t sub  # QLAYOUT_AFFINE: values per sub-block (16 or 32); QLAYOUT_Q4_K: 32
-    bint has_offset  # QLAYOUT_AFFINE: records carry an offset b after the scale a; QLAYOUT_Q4_K: true
+    Py_ssize_t cols  # QLAYOUT_Q8_0, QLAYOUT_AFFINE, QLAYOUT_Q5_0, QLAYOUT_Q4_1: a multiple of 32 (QLAYOUT_Q4_K: of 256)
+    Py_ssize_t sub  # QLAYOUT_AFFINE: values per sub-block (16 or 32); QLAYOUT_Q4_K, QLAYOUT_Q4_1: 32
+    bint has_offset  # QLAYOUT_AFFINE: records carry an offset b after the scale a; QLAYOUT_Q4_K, QLAYOUT_Q4_1: true
     const float* ab  # QLAYOUT_Q4_K: (rows, cols / 32, 2) each sub-block's a and b (f32, exact)
-    uint8_t* scratch  # QLAYOUT_Q4_K, QLAYOUT_Q5_0: k_convert_scratch_bytes(layout, cols, n_tokens) bytes,
+    uint8_t* scratch  # QLAYOUT_Q4_K, QLAYOUT_Q4_1, QLAYOUT_Q5_0: k_convert_scratch_bytes(layout, cols, n_tokens) bytes,
                       # 64-byte aligned, that k_gemm, k_gemm_q8 and k_matrix_row may overwrite (the
                       # owner's; one per thread)
     QLayout layout

@@ -271,18 +271,20 @@ cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize
         out[r] = k_dot_affine(rec + r * row_bytes, x, cols, sub, has_offset)
 
 
-# --- Q4_K and Q5_0 matrices (QLAYOUT_Q4_K, QLAYOUT_Q5_0): rows read as the
-# file stores them. Every path but the decode GEMV and the GEMMs of the
-# modules whose _gemm_takes_q4_k / _gemm_takes_q5_0 say so (they unpack the
-# levels in registers too) turns them into a layout
-# whose kernels it borrows, CONVERT_ROW_TILE rows at a time in the matrix's
-# scratch: Q4_K super-blocks into the affine records above (the bytes of
+# --- Q4_K, Q4_1 and Q5_0 matrices (QLAYOUT_Q4_K, QLAYOUT_Q4_1,
+# QLAYOUT_Q5_0): rows read as the file stores them. Every path but the
+# decode GEMV and the GEMMs of the modules whose _gemm_takes_q4_k /
+# _gemm_takes_q4_1 / _gemm_takes_q5_0 say so (they unpack the levels in
+# registers too) turns them into a layout whose kernels it borrows,
+# CONVERT_ROW_TILE rows at a time in the matrix's scratch: Q4_K super-blocks
+# and Q4_1 blocks into the affine records above (the bytes of
 # gemma_cy.quant.affine.AffineLevels.records), Q5_0 blocks into Q8_0 blocks
 # (the bytes of gemma_cy.quant.ggml.to_q8_0). The GEMVs (k_dot_q4_k,
-# k_dot_q5_0, in each dot_<isa>.pxi) unpack the levels in registers in the
-# order of the kernel they stand in for (k_dot_affine, k_dot_q8_0). So such
-# a matrix gives bit for bit what its records or Q8_0 blocks would, on
-# every path.
+# k_dot_q5_0 in each dot_<isa>.pxi, and the modules' _gemv_q4_1) unpack the
+# levels in registers in the order of the kernel they stand in for
+# (k_dot_affine, k_dot_q8_0), or convert a tile of rows first (a module
+# without its own Q4_1 GEMV). So such a matrix gives bit for bit what its
+# records or Q8_0 blocks would, on every path.
 
 cdef inline const uint8_t* _q4_k_qs(const uint8_t* row, Py_ssize_t j) noexcept nogil:
     """The 32 bytes of a Q4_K row (super-blocks back to back) whose low
@@ -304,6 +306,19 @@ cdef void k_q4_k_records(uint8_t* rec, const uint8_t* block, const float* ab) no
             out[40 + l] = qs[l] >> 4
     for j in range(8):
         memcpy(rec + 40 * j + 32, ab + 2 * j, 8)
+
+
+cdef inline void _q4_1_record(uint8_t* rec, const uint8_t* block) noexcept nogil:
+    """One Q4_1 block (api.pxi) as an affine record of 32: the levels, then
+    a = f32(d) and b = -f32(m) (f32(a * q) - b is f32(d) * q + f32(m),
+    ggml's value: a * q is exact, and x - (-y) is x + y in IEEE)."""
+    cdef float a = _block_d(block), b = -_block_d(block + 2)
+    cdef Py_ssize_t l
+    for l in range(16):
+        rec[l] = block[4 + l] & 0x0F
+        rec[16 + l] = block[4 + l] >> 4
+    memcpy(rec + 32, &a, 4)
+    memcpy(rec + 36, &b, 4)
 
 
 # Byte i of _Q5_0_CLEAR[b] is 0xF0 when bit i of b is clear, else 0: or'ed
@@ -369,6 +384,8 @@ cdef inline Py_ssize_t _converted_row_bytes(QLayout layout, Py_ssize_t cols) noe
         return cols // Q4_K_BLOCK * Q4_K_RECORD_BYTES
     if layout == QLAYOUT_Q5_0:
         return cols // Q8_0_BLOCK * Q8_0_BYTES
+    if layout == QLAYOUT_Q4_1:
+        return cols // Q8_0_BLOCK * Q4_1_RECORD_BYTES
     return 0
 
 
@@ -381,8 +398,8 @@ cdef Py_ssize_t k_convert_scratch_bytes(QLayout layout, Py_ssize_t cols, Py_ssiz
 
 
 cdef inline QMatrix _converted_rows(const QMatrix* w, Py_ssize_t row, Py_ssize_t n_rows) noexcept nogil:
-    """Rows row .. row + n_rows - 1 of a Q4_K matrix as an affine matrix, or
-    of a Q5_0 one as a Q8_0 matrix, in its scratch (written now)."""
+    """Rows row .. row + n_rows - 1 of a Q4_K or Q4_1 matrix as an affine
+    matrix, or of a Q5_0 one as a Q8_0 matrix, in its scratch (written now)."""
     cdef QMatrix m = w[0]
     cdef Py_ssize_t nb, r, k
     if w.layout == QLAYOUT_Q4_K:
@@ -392,6 +409,13 @@ cdef inline QMatrix _converted_rows(const QMatrix* w, Py_ssize_t row, Py_ssize_t
                 k_q4_k_records(w.scratch + (r * nb + k) * Q4_K_RECORD_BYTES,
                                w.blocks + ((row + r) * nb + k) * Q4_K_BYTES, w.ab + ((row + r) * nb + k) * 16)
         m.layout = QLAYOUT_AFFINE
+    elif w.layout == QLAYOUT_Q4_1:
+        nb = w.cols // Q8_0_BLOCK
+        for k in range(n_rows * nb):
+            _q4_1_record(w.scratch + k * Q4_1_RECORD_BYTES, w.blocks + (row * nb + k) * Q4_1_BYTES)
+        m.layout = QLAYOUT_AFFINE
+        m.sub = 32
+        m.has_offset = True
     else:
         nb = w.cols // Q8_0_BLOCK
         k_q5_0_to_q8_0(w.scratch, w.blocks + row * nb * Q5_0_BYTES, n_rows * nb)
@@ -404,7 +428,7 @@ cdef inline QMatrix _converted_rows(const QMatrix* w, Py_ssize_t row, Py_ssize_t
 
 cdef void _gemm_converted(float* out, const QMatrix* w, const float* x, const int8_t* xq, const float* xd,
                           Py_ssize_t n_tokens, float* scratch) noexcept nogil:
-    """k_gemm (xq NULL) or _gemm_q8 of a Q4_K or Q5_0 matrix: CONVERT_ROW_TILE
+    """k_gemm (xq NULL) or _gemm_q8 of a Q4_K, Q4_1 or Q5_0 matrix: CONVERT_ROW_TILE
     rows at a time converted (_converted_rows), through the kernels of
     their new layout, their outputs copied into place (each row's result is
     its own: the same bits however rows are tiled)."""
@@ -463,13 +487,16 @@ cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
         k_gemv_q4_k(out, w, x)
     elif w.layout == QLAYOUT_Q5_0:
         k_gemv_q5_0(out, w, x)
+    elif w.layout == QLAYOUT_Q4_1:
+        _gemv_q4_1(out, w, x)  # each module's own (dot_<isa>.pxi)
 
 
 cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                  float* scratch) noexcept nogil:
     if n_tokens == 1:
         k_matvec(out, w, x)
-    elif (w.layout == QLAYOUT_Q4_K and not _gemm_takes_q4_k()) or (w.layout == QLAYOUT_Q5_0 and not _gemm_takes_q5_0()):
+    elif (w.layout == QLAYOUT_Q4_K and not _gemm_takes_q4_k()) or (w.layout == QLAYOUT_Q5_0 and not _gemm_takes_q5_0()) \
+            or (w.layout == QLAYOUT_Q4_1 and not _gemm_takes_q4_1()):
         _gemm_converted(out, w, x, NULL, NULL, n_tokens, scratch)
     else:
         _gemm(out, w, x, n_tokens, scratch)  # each module's own (dot_<isa>.pxi)
@@ -520,7 +547,7 @@ cdef void _gemm_q8_by_rows(float* out, const QMatrix* w, const int8_t* xq, const
     cdef Py_ssize_t row_bytes = nb * Q8_0_BYTES if w.layout == QLAYOUT_Q8_0 else (
         _affine_row_bytes(w) if w.layout == QLAYOUT_AFFINE else cols)
     cdef const uint8_t* base = <const uint8_t*> w.q if w.layout == QLAYOUT_I8_TENSOR else w.blocks
-    if w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q5_0:
+    if w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q5_0 or w.layout == QLAYOUT_Q4_1:
         _gemm_converted(out, w, NULL, xq, xd, n_tokens, NULL)
         return
     if n_tokens == 1 and not w.resident:
@@ -552,7 +579,7 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
         k_dequantize_affine(out, w.blocks + row * _affine_row_bytes(w), w.cols, w.sub, w.has_offset)
     elif w.layout == QLAYOUT_F32:
         memcpy(out, w.w32 + row * w.cols, w.cols * sizeof(float))
-    elif w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q5_0:
+    elif w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q5_0 or w.layout == QLAYOUT_Q4_1:
         tile = _converted_rows(w, row, 1)
         k_matrix_row(out, &tile, 0)
 

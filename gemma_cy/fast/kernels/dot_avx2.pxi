@@ -350,6 +350,63 @@ cdef inline void _dequantize_grouped_q4_k(float* out, const uint8_t* row, const 
         ab += 4
 
 
+cdef inline void _q4_1_groups(__m256* w, const uint8_t* block) noexcept nogil:
+    """w[g] = the exact weights f32(f32(a * q) - b) of group g (values 8 g ..
+    8 g + 7) of one Q4_1 block, as its record gives them (a = f32(d),
+    b = -f32(m)): groups 0, 1 the low nibbles of qs[0:8], qs[8:16], groups
+    2, 3 their high nibbles."""
+    cdef __m256i m15 = _mm256_set1_epi32(15)
+    cdef __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*> (block + 4)))
+    cdef __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*> (block + 12)))
+    cdef __m256 a = _mm256_set1_ps(_block_d(block))
+    cdef __m256 b = _mm256_set1_ps(-_block_d(block + 2))
+    w[0] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), a), b)
+    w[1] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m15)), a), b)
+    w[2] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), a), b)
+    w[3] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), a), b)
+
+
+cdef inline void _dequantize_grouped_q4_1(float* out, const uint8_t* row, Py_ssize_t n_blocks) noexcept nogil:
+    """One Q4_1 row dequantized group-major as _affine_grouped its records
+    (_q4_1_groups: the same weights and order, without writing them)."""
+    cdef Py_ssize_t k, stride = n_blocks * 8
+    cdef __m256 w[4]
+    for k in range(n_blocks):
+        _q4_1_groups(w, row + k * Q4_1_BYTES)
+        _mm256_storeu_ps(out + k * 8, w[0])
+        _mm256_storeu_ps(out + stride + k * 8, w[1])
+        _mm256_storeu_ps(out + 2 * stride + k * 8, w[2])
+        _mm256_storeu_ps(out + 3 * stride + k * 8, w[3])
+
+
+cdef float _dot_q4_1(const uint8_t* row, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    """k_dot_affine of the row's records (of 32, with offsets), bit for bit,
+    straight from its Q4_1 blocks: acc[g] += w[g] * x[8 g ...] block after
+    block, _acc_sum."""
+    cdef __m256 acc[4]
+    cdef __m256 w[4]
+    cdef Py_ssize_t k
+    acc[0] = _mm256_setzero_ps()
+    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
+    for k in range(n_blocks):
+        _q4_1_groups(w, row)
+        acc[0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x), acc[0])
+        acc[1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), acc[1])
+        acc[2] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), acc[2])
+        acc[3] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), acc[3])
+        row += Q4_1_BYTES
+        x += 32
+    return _acc_sum(acc)
+
+
+cdef void _gemv_q4_1(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    """k_matvec of a Q4_1 matrix: _dot_q4_1 row after row, prefetching ahead."""
+    cdef Py_ssize_t r, nb = w.cols // Q8_0_BLOCK, row_bytes = nb * Q4_1_BYTES
+    for r in range(w.rows):
+        _prefetch_row(w.blocks + r * row_bytes, row_bytes)
+        out[r] = _dot_q4_1(w.blocks + r * row_bytes, x, nb)
+
+
 cdef inline void _widen_grouped(float* out, const int8_t* row, Py_ssize_t n_blocks) noexcept nogil:
     """One int8 row (one scale per tensor, applied after the sum) as f32,
     group-major like _dequantize_grouped: out[(g * n_blocks + k) * 8 + j] =
@@ -548,6 +605,11 @@ cdef inline bint _gemm_takes_q4_k() noexcept nogil:
     return True
 
 
+cdef inline bint _gemm_takes_q4_1() noexcept nogil:
+    """Q4_1 matrices go to this module's _gemm as stored (k_gemm)."""
+    return True
+
+
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
     """k_gemm (see the orders at the top of this file): a Q8_0 or Q5_0 matrix
@@ -566,10 +628,12 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     cdef bint q5_0 = w.layout == QLAYOUT_Q5_0
     cdef bint q8_0 = w.layout == QLAYOUT_Q8_0 or q5_0  # (a Q5_0 matrix: its Q8_0 conversion's order)
     cdef bint q4_k = w.layout == QLAYOUT_Q4_K  # (its records' order: affine)
-    cdef bint affine = w.layout == QLAYOUT_AFFINE or q4_k
+    cdef bint q4_1 = w.layout == QLAYOUT_Q4_1  # (likewise)
+    cdef bint affine = w.layout == QLAYOUT_AFFINE or q4_k or q4_1
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
     cdef Py_ssize_t row_bytes = nb * (Q5_0_BYTES if q5_0 else Q8_0_BYTES) if q8_0 else (
-        cols // Q4_K_BLOCK * Q4_K_BYTES if q4_k else _affine_row_bytes(w) if affine else cols)
+        cols // Q4_K_BLOCK * Q4_K_BYTES if q4_k else nb * Q4_1_BYTES if q4_1 else
+        _affine_row_bytes(w) if affine else cols)
     cdef const uint8_t* base = w.blocks if q8_0 or affine else <const uint8_t*> w.q
     cdef float scale = 1.0 if q8_0 or affine else w.scale  # (x * 1.0 is x, bit for bit)
     cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) dequantized rows, group-major
@@ -597,6 +661,8 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
                     _dequantize_grouped_q5_0(wt + i * cols, base + (r + i) * row_bytes, nb)
                 elif q4_k:
                     _dequantize_grouped_q4_k(wt + i * cols, base + (r + i) * row_bytes, w.ab + (r + i) * nb * 2, cols)
+                elif q4_1:
+                    _dequantize_grouped_q4_1(wt + i * cols, base + (r + i) * row_bytes, nb)
                 elif q8_0:
                     _dequantize_grouped(wt + i * cols, base + (r + i) * row_bytes, nb)
                 elif affine:
@@ -621,6 +687,8 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
                     out[t * rows + r] = k_dot_q5_0(base + r * row_bytes, x + t * cols, nb)
                 elif q4_k:
                     out[t * rows + r] = k_dot_q4_k(base + r * row_bytes, w.ab + r * nb * 2, x + t * cols, cols)
+                elif q4_1:
+                    out[t * rows + r] = _dot_q4_1(base + r * row_bytes, x + t * cols, nb)
                 elif q8_0:
                     out[t * rows + r] = k_dot_q8_0(base + r * row_bytes, x + t * cols, nb)
                 elif affine:

@@ -156,6 +156,17 @@ cdef inline bint _gemm_takes_q4_k() noexcept nogil:
     return False
 
 
+cdef inline bint _gemm_takes_q4_1() noexcept nogil:
+    """Q4_1 matrices reach _gemm as affine records, a tile of rows at a time (k_gemm)."""
+    return False
+
+
+cdef void _gemv_q4_1(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    """k_matvec of a Q4_1 matrix: a tile of rows at a time as records, then
+    their GEMV (_gemm_converted; no Q4_1 dot product of this module's own)."""
+    _gemm_converted(out, w, x, NULL, NULL, 1, NULL)
+
+
 cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
                    float* scratch) noexcept nogil:
     _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
