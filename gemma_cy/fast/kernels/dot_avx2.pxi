@@ -73,6 +73,7 @@ cdef extern from "immintrin.h" nogil:
     __m128 _mm_add_ps(__m128 a, __m128 b)
     __m128 _mm_hadd_ps(__m128 a, __m128 b)
     __m256 _mm256_sub_ps(__m256 a, __m256 b)
+    __m256 _mm256_fmsub_ps(__m256 a, __m256 b, __m256 c)  # a * b - c, rounded once
     void _mm_storeu_ps(float* p, __m128 a)
 
 cdef inline __m256 _widen8(const int8_t* q) noexcept nogil:
@@ -343,10 +344,10 @@ cdef inline void _dequantize_grouped_q4_k(float* out, const uint8_t* row, const 
         b_hi = _mm256_set1_ps(ab[3])
         for g in range(4):
             v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*> (qs + 8 * g)))
-            _mm256_storeu_ps(out + g * stride + 16 * j, _mm256_sub_ps(
-                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m15)), a_lo), b_lo))
-            _mm256_storeu_ps(out + g * stride + 16 * j + 8, _mm256_sub_ps(
-                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), a_hi), b_hi))
+            _mm256_storeu_ps(out + g * stride + 16 * j,
+                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m15)), a_lo, b_lo))
+            _mm256_storeu_ps(out + g * stride + 16 * j + 8,
+                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), a_hi, b_hi))
         ab += 4
 
 
@@ -360,10 +361,10 @@ cdef inline void _q4_1_groups(__m256* w, const uint8_t* block) noexcept nogil:
     cdef __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*> (block + 12)))
     cdef __m256 a = _mm256_set1_ps(_block_d(block))
     cdef __m256 b = _mm256_set1_ps(-_block_d(block + 2))
-    w[0] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), a), b)
-    w[1] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m15)), a), b)
-    w[2] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), a), b)
-    w[3] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), a), b)
+    w[0] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), a, b)
+    w[1] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m15)), a, b)
+    w[2] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), a, b)
+    w[3] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), a, b)
 
 
 cdef inline void _dequantize_grouped_q4_1(float* out, const uint8_t* row, Py_ssize_t n_blocks) noexcept nogil:
@@ -707,8 +708,8 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
 
 cdef inline __m256 _affine8(const int8_t* q, __m256 a, __m256 b, bint has_offset) noexcept nogil:
     """The exact weights f32(f32(a * q[0:8]) - b)."""
-    cdef __m256 w = _mm256_mul_ps(_widen8(q), a)
-    return _mm256_sub_ps(w, b) if has_offset else w
+    # (a * q is exact for every type with an offset: one fused rounding is the same)
+    return _mm256_fmsub_ps(_widen8(q), a, b) if has_offset else _mm256_mul_ps(_widen8(q), a)
 
 
 cdef inline const uint8_t* _affine_block32(__m256* acc, const uint8_t* rec, const float* x, Py_ssize_t sub,
@@ -765,10 +766,10 @@ cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ss
         b_hi = _mm256_set1_ps(ab[3])
         for g in range(4):
             v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*> (qs + 8 * g)))
-            acc[g] = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m15)), a_lo),
-                                                   b_lo), _mm256_loadu_ps(x + 8 * g), acc[g])
-            acc[g] = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), a_hi),
-                                                   b_hi), _mm256_loadu_ps(x + 32 + 8 * g), acc[g])
+            acc[g] = _mm256_fmadd_ps(_mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m15)), a_lo, b_lo),
+                                     _mm256_loadu_ps(x + 8 * g), acc[g])
+            acc[g] = _mm256_fmadd_ps(_mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), a_hi, b_hi),
+                                     _mm256_loadu_ps(x + 32 + 8 * g), acc[g])
         ab += 4
         x += 64
     return _acc_sum(acc)
