@@ -433,11 +433,13 @@ cdef class FastModel:
             # GEMV on Q8_0 rows beats both converting tiles on every step and
             # unpacking Q5_0 levels inside the q8 dot product, which costs
             # more per block than the Q8_0 rows' extra bytes
-            # (docs/benchmarks.md#history, sixth session). Each Q4_1 matrix
-            # likewise runs as its records, whose q8 GEMV (_gemv_affine32_q8)
-            # the q8 mode has.
-            tensors = {name: t.q8_0() if isinstance(t, Q5_0Tensor) else t.affine() if isinstance(t, Q4_1Tensor)
-                       else t for name, t in tensors.items()}
+            # (docs/benchmarks.md#history, sixth session). A module without
+            # a q8 GEMV of Q4_1 blocks runs each Q4_1 matrix as its records
+            # likewise (_gemv_affine32_q8 or the portable one).
+            takes_q4_1 = _q8_gemv_takes_q4_1()
+            tensors = {name: t.q8_0() if isinstance(t, Q5_0Tensor) else
+                       t.affine() if isinstance(t, Q4_1Tensor) and not takes_q4_1 else t
+                       for name, t in tensors.items()}
         cdef bint resident = sum(_matrix_bytes(t) for t in tensors.values()) <= RESIDENT_MODEL_BYTES
         # the matrices a decode step streams, in its order, copied out of the
         # file's map into one arena of 2 MiB pages, unless the map has such

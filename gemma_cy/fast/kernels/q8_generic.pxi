@@ -88,3 +88,9 @@ cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t 
                                      w.has_offset)
         else:
             out[i] = k_dot_q8_0_q8(w.blocks + (row + i) * nb * Q8_0_BYTES, xq, xd, nb)
+
+
+cdef inline bint _q8_gemv_takes_q4_1() noexcept nogil:
+    """The q8 mode's decode has no Q4_1 GEMV of its own here: the engine lays
+    Q4_1 matrices out as records once (forward.pxi)."""
+    return False

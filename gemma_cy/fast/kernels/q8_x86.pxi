@@ -83,6 +83,7 @@ cdef extern from "immintrin.h" nogil:
     q8_m256i q8_inserti128_si256 "_mm256_inserti128_si256"(q8_m256i a, q8_m128i b, int imm)
     q8_m256i q8_set1_epi8 "_mm256_set1_epi8"(char a)
     q8_m256i q8_srli_epi16 "_mm256_srli_epi16"(q8_m256i a, int imm)
+    q8_m128i q8_srli_epi16_128 "_mm_srli_epi16"(q8_m128i a, int imm)
 
 
 cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks) noexcept nogil:
@@ -373,6 +374,93 @@ cdef bint _gemv_affine32_q8(float* out, const QMatrix* w, const int8_t* xq, cons
     return True
 
 
+cdef inline q8_m256i _q4_1_levels_q8(const uint8_t* block, q8_m256i m15) noexcept nogil:
+    """The 32 levels of one Q4_1 block (api.pxi) as uint8, in value order:
+    the low nibbles of qs, then the high ones (its record's levels)."""
+    cdef q8_m128i qs = q8_loadu_si128(block + 4)
+    return q8_and_si256(q8_inserti128_si256(q8_castsi128_si256(qs), q8_srli_epi16_128(qs, 4), 1), m15)
+
+
+cdef inline q8_m256i _isum_u8_q8(q8_m256i levels, q8_m256i xv, q8_m256i ones) noexcept nogil:
+    """32 products of uint8 levels (< 128) and xq as 8 exact int32 lane sums."""
+    return q8_madd_epi16(q8_maddubs_epi16(levels, xv), ones)
+
+
+cdef void _dot2_q4_1_q8(float* out, const uint8_t* row0, const uint8_t* row1, const int8_t* xq,
+                        const float* xd, const double* qsum, Py_ssize_t n_blocks) noexcept nogil:
+    """out[0:2] = _dot2_affine32_q8 of the records of the Q4_1 rows row0 and
+    row1, bit for bit, straight from the blocks: the levels unpacked in
+    registers (unsigned, so maddubs takes them as they are: the same exact
+    sums), a = f32(d) and b = -f32(m) read from each block's f16 (the
+    records' f32, so the same f64 terms in the same order)."""
+    cdef q8_m256i ones = q8_set1_epi16(1), m15 = q8_set1_epi8(15), x0, x1
+    cdef double acc0 = 0, acc1 = 0
+    cdef double t[4]
+    cdef float d0, d1
+    cdef Py_ssize_t b = 0
+    cdef const uint8_t* c0
+    cdef const uint8_t* c1
+    while b + 2 <= n_blocks:
+        x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
+        x1 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b + 32))
+        d0 = xd[b]
+        d1 = xd[b + 1]
+        c0 = row0 + b * Q4_1_BYTES
+        c1 = row1 + b * Q4_1_BYTES
+        q8_storeu_pd(t, _isum_rows4(_isum_u8_q8(_q4_1_levels_q8(c0, m15), x0, ones),
+                                    _isum_u8_q8(_q4_1_levels_q8(c0 + Q4_1_BYTES, m15), x1, ones),
+                                    _isum_u8_q8(_q4_1_levels_q8(c1, m15), x0, ones),
+                                    _isum_u8_q8(_q4_1_levels_q8(c1 + Q4_1_BYTES, m15), x1, ones)))
+        acc0 = (((acc0 + t[0] * <double> (_block_d(c0) * d0)) - qsum[b] * <double> (-_block_d(c0 + 2) * d0))
+                + t[1] * <double> (_block_d(c0 + Q4_1_BYTES) * d1)) \
+            - qsum[b + 1] * <double> (-_block_d(c0 + Q4_1_BYTES + 2) * d1)
+        acc1 = (((acc1 + t[2] * <double> (_block_d(c1) * d0)) - qsum[b] * <double> (-_block_d(c1 + 2) * d0))
+                + t[3] * <double> (_block_d(c1 + Q4_1_BYTES) * d1)) \
+            - qsum[b + 1] * <double> (-_block_d(c1 + Q4_1_BYTES + 2) * d1)
+        b += 2
+    if b < n_blocks:  # an odd last block
+        x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
+        d0 = xd[b]
+        c0 = row0 + b * Q4_1_BYTES
+        c1 = row1 + b * Q4_1_BYTES
+        acc0 += <double> _hsum_epi32(_isum_u8_q8(_q4_1_levels_q8(c0, m15), x0, ones)) * <double> (_block_d(c0) * d0)
+        acc1 += <double> _hsum_epi32(_isum_u8_q8(_q4_1_levels_q8(c1, m15), x0, ones)) * <double> (_block_d(c1) * d0)
+        acc0 -= qsum[b] * <double> (-_block_d(c0 + 2) * d0)
+        acc1 -= qsum[b] * <double> (-_block_d(c1 + 2) * d0)
+    out[0] = <float> acc0
+    out[1] = <float> acc1
+
+
+cdef inline bint _q8_gemv_takes_q4_1() noexcept nogil:
+    """The q8 mode's decode reads Q4_1 matrices as stored here (_gemv_q4_1_q8)."""
+    return True
+
+
+cdef bint _gemv_q4_1_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd) noexcept nogil:
+    """One position (decode) of a Q4_1 matrix in the q8 mode, as stored:
+    rows two at a time (_dot2_q4_1_q8), an odd last one paired with itself;
+    _gemv_affine32_q8's bits. False (nothing written) for rows longer than
+    QSUM_BLOCKS blocks."""
+    cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1)
+    cdef double qsum[QSUM_BLOCKS]
+    cdef float pair[2]
+    cdef Py_ssize_t nb = w.cols // 32, b, r = 0, row_bytes = nb * Q4_1_BYTES
+    if nb > QSUM_BLOCKS:
+        return False
+    for b in range(nb):  # sum xq over each block: exact integers
+        qsum[b] = <double> _hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(
+            unit, q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))), ones))
+    while r + 2 <= w.rows:
+        if not w.resident:
+            _prefetch_row(w.blocks + r * row_bytes, 2 * row_bytes)
+        _dot2_q4_1_q8(out + r, w.blocks + r * row_bytes, w.blocks + (r + 1) * row_bytes, xq, xd, qsum, nb)
+        r += 2
+    if r < w.rows:
+        _dot2_q4_1_q8(pair, w.blocks + r * row_bytes, w.blocks + r * row_bytes, xq, xd, qsum, nb)
+        out[r] = pair[0]
+    return True
+
+
 cdef inline q8_m256i _record_pair_sums(q8_m256i v, q8_m256i ones) noexcept nogil:
     """The int16 pair sums v (16 of them, record 0 in the low 128-bit lane,
     record 1 in the high) as int32 sums of each lane: lane 0 holds record
@@ -621,7 +709,9 @@ cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* 
         _gemv_q4_k_q8(out, w, xq, xd)
     elif w.layout == QLAYOUT_AFFINE and w.sub == 32 and n_tokens == 1 and _gemv_affine32_q8(out, w, xq, xd):
         pass
-    elif w.layout == QLAYOUT_Q5_0 and n_tokens >= 2 and scratch != NULL:
+    elif w.layout == QLAYOUT_Q4_1 and n_tokens == 1 and _gemv_q4_1_q8(out, w, xq, xd):
+        pass
+    elif (w.layout == QLAYOUT_Q5_0 or w.layout == QLAYOUT_Q4_1) and n_tokens >= 2 and scratch != NULL:
         _gemm_converted(out, w, NULL, xq, xd, n_tokens, scratch)
     elif n_tokens < 2 or scratch == NULL or not _panel_layout(w):
         _gemm_q8_by_rows(out, w, xq, xd, n_tokens)
