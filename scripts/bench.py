@@ -228,14 +228,14 @@ def decode_work(weights_path: Path) -> tuple[int, int]:
     Per-tensor int8 reads one byte per multiply-add, Q8_0 34 per 32."""
     from gemma_cy.api import open_weights
     from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
-    from gemma_cy.quant.ggml import Q5_0Tensor
+    from gemma_cy.quant.ggml import Q4_1Tensor, Q5_0Tensor
     from gemma_cy.quant.tensors import Q8_0Tensor
     w = open_weights(str(weights_path))
     matrices = [t for name, t in w.tensors.items() if len(t.shape) == 2 and not name.startswith("embed_")]
     if w.config.tied_embeddings:
         matrices.append(w.tensors["embed_tokens"])
     macs = sum(int(np.prod(t.shape)) for t in matrices)
-    n_bytes = sum(t.blocks.nbytes if isinstance(t, (Q8_0Tensor, Q5_0Tensor)) else
+    n_bytes = sum(t.blocks.nbytes if isinstance(t, (Q8_0Tensor, Q5_0Tensor, Q4_1Tensor)) else
                   t.records.nbytes if isinstance(t, AffineTensor) else
                   t.blocks.nbytes + t.ab.nbytes if isinstance(t, Q4_KTensor) else t.q.nbytes for t in matrices)
     return macs, n_bytes
