@@ -116,7 +116,8 @@ class Q8Matrix:
         return out
 
     def _affine_matmul(self, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-        """An AffineTensor (or a Q4_KTensor or Q4_1Tensor, read as its records) times quantized activations, record after record:
+        """An AffineTensor (or a Q4_KTensor or Q4_1Tensor, read as its records) times quantized activations,
+        record after record:
         acc += f64(isum) * f64(f32(a * d)), then acc -= f64(qsum) * f64(f32(b * d)),
         with isum = sum q * xq and qsum = sum xq over the record's values and d
         the activations' block scale (kernels/common.pxi, k_dot_affine_q8)."""

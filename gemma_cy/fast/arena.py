@@ -108,7 +108,8 @@ def pack_matrices(tensors: dict[str, object], order: list[str]) -> tuple[dict[st
         dst = memory[start:start + src.nbytes].view(src.dtype).reshape(src.shape)
         _copy_releasing(dst, src, _read_only_map(src))
         dst.flags.writeable = False
-        field = "q" if isinstance(tensors[n], Int8Tensor) else "blocks"  # Q8_0Tensor, Q4_KTensor, Q4_1Tensor, Q5_0Tensor
+        # (Q8_0Tensor, Q4_KTensor, Q4_1Tensor, Q5_0Tensor hold blocks)
+        field = "q" if isinstance(tensors[n], Int8Tensor) else "blocks"
         packed[n] = replace(tensors[n], **{field: dst})
     return packed, arena
 

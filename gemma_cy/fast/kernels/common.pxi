@@ -495,8 +495,9 @@ cdef void k_gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_toke
                  float* scratch) noexcept nogil:
     if n_tokens == 1:
         k_matvec(out, w, x)
-    elif (w.layout == QLAYOUT_Q4_K and not _gemm_takes_q4_k()) or (w.layout == QLAYOUT_Q5_0 and not _gemm_takes_q5_0()) \
-            or (w.layout == QLAYOUT_Q4_1 and not _gemm_takes_q4_1()):
+    elif (w.layout == QLAYOUT_Q4_K and not _gemm_takes_q4_k()) \
+            or (w.layout == QLAYOUT_Q4_1 and not _gemm_takes_q4_1()) \
+            or (w.layout == QLAYOUT_Q5_0 and not _gemm_takes_q5_0()):
         _gemm_converted(out, w, x, NULL, NULL, n_tokens, scratch)
     else:
         _gemm(out, w, x, n_tokens, scratch)  # each module's own (dot_<isa>.pxi)

@@ -72,7 +72,6 @@ cdef extern from "immintrin.h" nogil:
     __m128 _mm256_extractf128_ps(__m256 a, int i)
     __m128 _mm_add_ps(__m128 a, __m128 b)
     __m128 _mm_hadd_ps(__m128 a, __m128 b)
-    __m256 _mm256_sub_ps(__m256 a, __m256 b)
     __m256 _mm256_fmsub_ps(__m256 a, __m256 b, __m256 c)  # a * b - c, rounded once
     void _mm_storeu_ps(float* p, __m128 a)
 
