@@ -43,15 +43,16 @@
 # of position t at b * n_pad + t; the positions are padded with zeros to a
 # multiple of four, and the rows of a last, partial panel are copies of the
 # last row: both are computed and never stored. A uint8 panel runs two
-# positions at a time, one group of 8 rows after the other, the f64 sums of
-# the step (8 rows x 2 positions) in registers over the whole row; an int16
-# panel four positions against all 16 rows, the 64 f64 sums in a small
-# array in L1.
+# positions at a time against all 16 rows (each broadcast activation dword
+# meets both vectors of rows), the 32 f64 sums of the step in a small
+# struct over the whole row; an int16 panel four positions against all 16
+# rows, the 64 f64 sums in a small array in L1.
 #
 # The f64 scaling of each record's sums (two conversions and an FMA per 4
-# rows and term) costs about as many instructions as the integer products
-# of a uint8 panel: it, not vpmaddubsw, bounds those panels
-# (docs/benchmarks.md has the figures).
+# rows and term) and the integer products share a uint8 panel's time:
+# neither alone bounds it (docs/benchmarks.md has the figures). The int16 adds
+# of a run go through p16_add_epi16_in_order: left to itself gcc computes
+# all 32 products of a run first and spills them.
 
 from libc.stdint cimport int16_t
 from libc.string cimport memset
@@ -75,6 +76,20 @@ cdef extern from "immintrin.h" nogil:
     q8_m256d p16_fnmadd_pd "_mm256_fnmadd_pd"(q8_m256d a, q8_m256d b, q8_m256d c)
     q8_m256d p16_loadu_pd "_mm256_loadu_pd"(const double* p)
     q8_m128 p16_loadu_ps128 "_mm_loadu_ps"(const float* p)
+
+cdef extern from *:
+    """
+    #include <immintrin.h>
+    /* acc + p (int16 lanes) in this order: without the empty asm gcc
+       regroups a run of such adds into a tree over all the products, which
+       no longer fit in the 16 registers and are spilled. */
+    static inline __m256i gcy_add_epi16_in_order(__m256i acc, __m256i p) {
+        acc = _mm256_add_epi16(acc, p);
+        __asm__ volatile("" : "+x"(acc) : : "memory");
+        return acc;
+    }
+    """
+    q8_m256i p16_add_epi16_in_order "gcy_add_epi16_in_order"(q8_m256i acc, q8_m256i p) nogil
 
 
 cdef enum:
@@ -327,20 +342,29 @@ cdef inline void _block_records(double* acc, const uint8_t* p, const PanelForm* 
         _record_i16(acc, p, 0, 16, sc, sc + 16 if offset else NULL, x, 0)
 
 
-cdef inline void _u8_run(q8_m256i* sa, q8_m256i* sb, const uint8_t* p, const int8_t* xa, const int8_t* xb,
-                         Py_ssize_t k, Py_ssize_t n) noexcept nogil:
-    """sa, sb (8 rows, positions a and b) += the exact sums of uint8 panel
-    vectors p + 64 j, j = k .. k + n - 1, times activation dword j of xa and
-    of xb: vpmaddubsw products added in int16 (n at most the panel's run),
-    then widened by vpmaddwd."""
-    cdef q8_m256i ha = p16_setzero_si256(), hb = ha, wv
+cdef inline void _u8_run(q8_m256i* s, const uint8_t* p, const int8_t* xa, const int8_t* xb, Py_ssize_t k,
+                         Py_ssize_t n) noexcept nogil:
+    """s[0], s[1] (rows 0-7 and 8-15, position a), s[2], s[3] (position b)
+    += the exact sums of uint8 panel vectors (j, 0) and (j, 1), j = k .. k +
+    n - 1, times activation dword j of xa and of xb: vpmaddubsw products
+    added in int16 (n at most the panel's run), then widened by vpmaddwd.
+    Each broadcast dword meets both vectors of the 16 rows."""
+    cdef q8_m256i h0 = p16_setzero_si256(), h1 = h0, h2 = h0, h3 = h0, w0, w1, xv
+    cdef q8_m256i ones = q8_set1_epi16(1)
     cdef Py_ssize_t j
     for j in range(k, k + n):
-        wv = q8_loadu_si256(<const q8_m256i*> (p + 64 * j))
-        ha = p16_add_epi16(ha, q8_maddubs_epi16(wv, _bcast(xa, j)))
-        hb = p16_add_epi16(hb, q8_maddubs_epi16(wv, _bcast(xb, j)))
-    sa[0] = p16_add_epi32(sa[0], q8_madd_epi16(ha, q8_set1_epi16(1)))
-    sb[0] = p16_add_epi32(sb[0], q8_madd_epi16(hb, q8_set1_epi16(1)))
+        w0 = q8_loadu_si256(<const q8_m256i*> (p + 64 * j))
+        w1 = q8_loadu_si256(<const q8_m256i*> (p + 64 * j + 32))
+        xv = _bcast(xa, j)
+        h0 = p16_add_epi16_in_order(h0, q8_maddubs_epi16(w0, xv))
+        h1 = p16_add_epi16_in_order(h1, q8_maddubs_epi16(w1, xv))
+        xv = _bcast(xb, j)
+        h2 = p16_add_epi16_in_order(h2, q8_maddubs_epi16(w0, xv))
+        h3 = p16_add_epi16_in_order(h3, q8_maddubs_epi16(w1, xv))
+    s[0] = p16_add_epi32(s[0], q8_madd_epi16(h0, ones))
+    s[1] = p16_add_epi32(s[1], q8_madd_epi16(h1, ones))
+    s[2] = p16_add_epi32(s[2], q8_madd_epi16(h2, ones))
+    s[3] = p16_add_epi32(s[3], q8_madd_epi16(h3, ones))
 
 
 cdef inline void _u8_terms(q8_m256d* f0, q8_m256d* f1, q8_m256i isum, const float* a, const float* b,
@@ -357,71 +381,74 @@ cdef inline void _u8_terms(q8_m256d* f0, q8_m256d* f1, q8_m256i isum, const floa
         _offset4(f1, qsum, b + 4, xd)
 
 
-cdef inline void _record_u8_two(q8_m256d* fa0, q8_m256d* fa1, q8_m256d* fb0, q8_m256d* fb1, const uint8_t* p,
-                                Py_ssize_t k0, Py_ssize_t k1, const PanelForm* form, const float* a, const float* b,
-                                const PanelAct* xa, const PanelAct* xb, Py_ssize_t h) noexcept nogil:
-    """One record (uint8 panel vectors k0 .. k1 - 1 of one group of 8 rows,
-    p its first) and two positions xa, xb: the exact integer sums (runs of
-    vpmaddubsw, minus c * sum(xq)), then their terms into the rows' f64
-    sums fa0, fa1 (position a, rows 0-3 and 4-7) and fb0, fb1."""
-    cdef q8_m256i sa = p16_setzero_si256(), sb = sa
+# The f64 sums of the 16 rows and two positions of _panel_pair_u8: rows
+# 4 i .. 4 i + 3 of position a in a[i], of position b in b[i].
+cdef struct PairSums:
+    q8_m256d a[4]
+    q8_m256d b[4]
+
+
+cdef inline void _record_u8_pair(PairSums* f, const uint8_t* p, Py_ssize_t k0, Py_ssize_t k1,
+                                 const PanelForm* form, const float* a, const float* b, const PanelAct* xa,
+                                 const PanelAct* xb, Py_ssize_t h) noexcept nogil:
+    """One record (uint8 panel vectors k0 .. k1 - 1, p the block's first;
+    a, b the scales and offsets of its 16 rows) and two positions xa, xb:
+    the exact integer sums (runs of vpmaddubsw, minus c * sum(xq)), then
+    their terms into the rows' f64 sums f."""
+    cdef q8_m256i s[4]
+    cdef q8_m256i ca = q8_set1_epi32(form.c * xa.qsum_i[h]), cb = q8_set1_epi32(form.c * xb.qsum_i[h])
     cdef Py_ssize_t k
+    s[0] = p16_setzero_si256()
+    s[1] = s[0]
+    s[2] = s[0]
+    s[3] = s[0]
     # runs of a length known here, so that gcc unrolls each
     if form.run >= 8 and k1 - k0 == 8:
-        _u8_run(&sa, &sb, p, xa.xq, xb.xq, k0, 8)
+        _u8_run(s, p, xa.xq, xb.xq, k0, 8)
     elif form.run >= 4:
         for k in range(k0, k1, 4):
-            _u8_run(&sa, &sb, p, xa.xq, xb.xq, k, 4)
+            _u8_run(s, p, xa.xq, xb.xq, k, 4)
     elif form.run >= 2:
         for k in range(k0, k1, 2):
-            _u8_run(&sa, &sb, p, xa.xq, xb.xq, k, 2)
+            _u8_run(s, p, xa.xq, xb.xq, k, 2)
     else:
         for k in range(k0, k1):
-            _u8_run(&sa, &sb, p, xa.xq, xb.xq, k, 1)
-    _u8_terms(fa0, fa1, p16_sub_epi32(sa, q8_set1_epi32(form.c * xa.qsum_i[h])), a, b, xa, h)
-    _u8_terms(fb0, fb1, p16_sub_epi32(sb, q8_set1_epi32(form.c * xb.qsum_i[h])), a, b, xb, h)
-
-
-cdef void _group_pair_u8(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelForm* form, bint sub16,
-                         bint offset, const PanelAct* x, Py_ssize_t n_pad, bint scaled, double scale) noexcept nogil:
-    """res[i], res[16 + i] = the q8 products of row i < 8 of a group of 8
-    panel rows (PANEL_U8; panel points at its first vector) and positions
-    x, x + 1 (x[b * n_pad], block b): the f64 sums in four named registers
-    over the whole row (an array would live in memory), times scale when
-    scaled (int8 rows), rounded once to f32."""
-    cdef q8_m256d fa0 = q8_setzero_pd(), fa1 = fa0, fb0 = fa0, fb1 = fa0
-    cdef const uint8_t* p
-    cdef const float* sc
-    cdef Py_ssize_t b
-    for b in range(nb):
-        p = panel + b * form.block_bytes
-        sc = <const float*> (p + form.level_bytes)
-        if sub16:  # scales a0, a1, then offsets b0, b1
-            _record_u8_two(&fa0, &fa1, &fb0, &fb1, p, 0, 4, form, sc, sc + 32 if offset else NULL, x, x + 1, 0)
-            _record_u8_two(&fa0, &fa1, &fb0, &fb1, p, 4, 8, form, sc + 16, sc + 48 if offset else NULL, x, x + 1,
-                           1)
-        else:  # a, then b
-            _record_u8_two(&fa0, &fa1, &fb0, &fb1, p, 0, 8, form, sc, sc + 16 if offset else NULL, x, x + 1, 0)
-        x += n_pad
-    if scaled:
-        fa0 = q8_mul_pd(fa0, q8_set1_pd(scale))
-        fa1 = q8_mul_pd(fa1, q8_set1_pd(scale))
-        fb0 = q8_mul_pd(fb0, q8_set1_pd(scale))
-        fb1 = q8_mul_pd(fb1, q8_set1_pd(scale))
-    q8_storeu_ps128(res, q8_cvtpd_ps(fa0))
-    q8_storeu_ps128(res + 4, q8_cvtpd_ps(fa1))
-    q8_storeu_ps128(res + 16, q8_cvtpd_ps(fb0))
-    q8_storeu_ps128(res + 20, q8_cvtpd_ps(fb1))
+            _u8_run(s, p, xa.xq, xb.xq, k, 1)
+    _u8_terms(&f.a[0], &f.a[1], p16_sub_epi32(s[0], ca), a, b, xa, h)
+    _u8_terms(&f.a[2], &f.a[3], p16_sub_epi32(s[1], ca), a + 8, NULL if b == NULL else b + 8, xa, h)
+    _u8_terms(&f.b[0], &f.b[1], p16_sub_epi32(s[2], cb), a, b, xb, h)
+    _u8_terms(&f.b[2], &f.b[3], p16_sub_epi32(s[3], cb), a + 8, NULL if b == NULL else b + 8, xb, h)
 
 
 cdef void _panel_pair_u8(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelForm* form, bint sub16,
                          bint offset, const PanelAct* x, Py_ssize_t n_pad, bint scaled, double scale) noexcept nogil:
     """res[16 j + i] = the q8 product of panel row i (PANEL_U8) and position
-    j < 2 (x[b * n_pad + j], block b), one group of 8 rows (_group_pair_u8)
-    and then the other. The scales of a group's rows are 8 floats further
-    on, like its vectors 32 bytes."""
-    _group_pair_u8(res, panel, nb, form, sub16, offset, x, n_pad, scaled, scale)
-    _group_pair_u8(res + 8, panel + 32, nb, form, sub16, offset, x, n_pad, scaled, scale)
+    j < 2 (x[b * n_pad + j], block b): the f64 sums over the whole row, times
+    scale when scaled (int8 rows), rounded once to f32. The scales of the
+    second group of 8 rows are 8 floats further on, like its vectors 32
+    bytes."""
+    cdef PairSums f
+    cdef const uint8_t* p
+    cdef const float* sc
+    cdef Py_ssize_t b, i
+    for i in range(4):
+        f.a[i] = q8_setzero_pd()
+        f.b[i] = f.a[i]
+    for b in range(nb):
+        p = panel + b * form.block_bytes
+        sc = <const float*> (p + form.level_bytes)
+        if sub16:  # scales a0, a1, then offsets b0, b1
+            _record_u8_pair(&f, p, 0, 4, form, sc, sc + 32 if offset else NULL, x, x + 1, 0)
+            _record_u8_pair(&f, p, 4, 8, form, sc + 16, sc + 48 if offset else NULL, x, x + 1, 1)
+        else:  # a, then b
+            _record_u8_pair(&f, p, 0, 8, form, sc, sc + 16 if offset else NULL, x, x + 1, 0)
+        x += n_pad
+    for i in range(4):
+        if scaled:
+            f.a[i] = q8_mul_pd(f.a[i], q8_set1_pd(scale))
+            f.b[i] = q8_mul_pd(f.b[i], q8_set1_pd(scale))
+        q8_storeu_ps128(res + 4 * i, q8_cvtpd_ps(f.a[i]))
+        q8_storeu_ps128(res + 16 + 4 * i, q8_cvtpd_ps(f.b[i]))
 
 
 cdef void _panel_positions(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelForm* form, bint sub16,
