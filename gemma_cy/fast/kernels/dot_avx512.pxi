@@ -270,9 +270,11 @@ cdef inline bint _gemm_takes_q4_1() noexcept nogil:
 
 
 cdef void _gemv_q4_1(float* out, const QMatrix* w, const float* x) noexcept nogil:
-    """k_matvec of a Q4_1 matrix: a tile of rows at a time as records, then
-    their GEMV (_gemm_converted; no Q4_1 dot product of this module's own)."""
-    _gemm_converted(out, w, x, NULL, NULL, 1, NULL)
+    """k_matvec of a Q4_1 matrix: _dot_q4_1 row after row, prefetching ahead."""
+    cdef Py_ssize_t r, nb = w.cols // Q8_0_BLOCK, row_bytes = nb * Q4_1_BYTES
+    for r in range(w.rows):
+        _prefetch_row(w.blocks + r * row_bytes, row_bytes)
+        out[r] = _dot_q4_1(w.blocks + r * row_bytes, x, nb)
 
 
 cdef inline void _affine_row(float* w, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
@@ -933,5 +935,39 @@ cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ss
         acc[3] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi), _mm512_loadu_ps(x + 48), acc[3])
         ab += 4
         x += 64
+    _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+    return _sum8(lanes) + _sum8(lanes + 8)
+
+
+cdef inline void _q4_1_step(__m512* lo, __m512* hi, const uint8_t* block, const float* x,
+                            __m512i m15) noexcept nogil:
+    """_affine32 of one Q4_1 block's record (of 32, with an offset: the levels
+    are the low nibbles of qs, then the high ones; a = f32(d), b = -f32(m)),
+    the levels unpacked in registers: lo += values 0-15 times x[0:16], hi
+    values 16-31 times x[16:32]."""
+    cdef __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (block + 4)))
+    cdef __m512 a = _mm512_set1_ps(_block_d(block))
+    cdef __m512 b = _mm512_set1_ps(-_block_d(block + 2))
+    lo[0] = _mm512_fmadd_ps(_q4_k16(_mm512_and_si512(v, m15), a, b), _mm512_loadu_ps(x), lo[0])
+    hi[0] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(v, 4), a, b), _mm512_loadu_ps(x + 16), hi[0])
+
+
+cdef float _dot_q4_1(const uint8_t* row, const float* x, Py_ssize_t n_blocks) noexcept nogil:
+    """k_dot_affine of the row's records, bit for bit, straight from its Q4_1
+    blocks: the same steps on the same values in the same order."""
+    cdef __m512 acc[4]
+    cdef __m512i m15 = _mm512_set1_epi32(15)
+    cdef Py_ssize_t k = 0
+    cdef float lanes[16]
+    acc[0] = _mm512_setzero_ps()
+    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
+    while k + 2 <= n_blocks:
+        _q4_1_step(&acc[0], &acc[1], row, x, m15)
+        _q4_1_step(&acc[2], &acc[3], row + Q4_1_BYTES, x + 32, m15)
+        row += 2 * Q4_1_BYTES
+        x += 64
+        k += 2
+    if k < n_blocks:
+        _q4_1_step(&acc[0], &acc[1], row, x, m15)
     _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
     return _sum8(lanes) + _sum8(lanes + 8)
