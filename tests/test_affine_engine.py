@@ -182,8 +182,8 @@ def special_q4_k(rows: int, cols: int, rng) -> np.ndarray:
 @pytest.mark.parametrize("rows, cols, positions", [(1, 256, 1), (2, 512, 5), (3, 512, 9), (257, 256, 70), (5, 1024, 1)])
 def test_q4_k_as_stored_is_its_records_bit_for_bit(isa, rows, cols, positions):
     """A Q4_K matrix read from its super-blocks (QLAYOUT_Q4_K: the decode GEMV
-    unpacks nibbles in registers, and so does the avx2 GEMM; the other GEMMs
-    and the q8 mode turn tiles of 256 rows into records) gives the bits its
+    unpacks nibbles in registers, and so do the avx2 and avx512 GEMMs; the
+    other GEMMs and the q8 mode turn tiles of 256 rows into records) gives the bits its
     affine records give, in both
     activation modes, past a tile of rows and a pass of positions; and its
     weights are the gguf package's."""
@@ -205,7 +205,7 @@ def special_q4_1(rows: int, cols: int, rng) -> np.ndarray:
 @pytest.mark.parametrize("rows, cols, positions", [(1, 32, 1), (2, 64, 5), (3, 96, 9), (257, 576, 70), (5, 1536, 1)])
 def test_q4_1_as_stored_is_its_records_bit_for_bit(isa, rows, cols, positions):
     """A Q4_1 matrix read from its blocks (QLAYOUT_Q4_1: the avx2 GEMV and
-    GEMM and the avx512 GEMV unpack the nibbles in registers; the other
+    GEMM and the avx512 GEMV and GEMM unpack the nibbles in registers; the other
     paths, the q8 mode and the row lookup turn tiles of 256 rows into
     records) gives the bits
     its affine records give, in both activation modes, past a tile of rows

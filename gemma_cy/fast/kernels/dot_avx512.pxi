@@ -188,9 +188,11 @@ cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
     _gemv_q8_0_rows(out, blocks, x, rows, n_blocks)
 
 
-# _gemm (prefill) of a Q8_0 or affine matrix (Q4_K tiles, Q6_K and the
-# other k-quants as records): GEMM_ROW_TILE rows' exact weights formed once
-# into scratch as f32 (a Q8_0 row's f32(q) * f32(d)), then a 4-row x
+# _gemm (prefill) of a Q8_0, Q5_0, Q4_K or Q4_1 matrix as stored, or an
+# affine one (Q6_K and the other k-quants as records): GEMM_ROW_TILE rows'
+# exact weights formed once into scratch as f32 (a Q8_0 row's
+# f32(q) * f32(d); Q4_K and Q4_1 their records' f32(f32(a * q) - b), the
+# nibbles unpacked as their GEMVs do), then a 4-row x
 # 6-position kernel (4 x 4 for the rest). k_dot_affine's (and k_dot_q8_0's)
 # accumulator g only ever takes the 16-value groups g, g + 4, g + 8, ... of
 # a row (groups 0, 1 of a last 32 values), so the kernel runs one g at a
@@ -260,13 +262,13 @@ cdef inline bint _gemm_takes_q5_0() noexcept nogil:
 
 
 cdef inline bint _gemm_takes_q4_k() noexcept nogil:
-    """Q4_K matrices reach _gemm as affine records, a tile of rows at a time (k_gemm)."""
-    return False
+    """Q4_K matrices go to this module's _gemm as stored (k_gemm)."""
+    return True
 
 
 cdef inline bint _gemm_takes_q4_1() noexcept nogil:
-    """Q4_1 matrices reach _gemm as affine records, a tile of rows at a time (k_gemm)."""
-    return False
+    """Q4_1 matrices go to this module's _gemm as stored (k_gemm)."""
+    return True
 
 
 cdef void _gemv_q4_1(float* out, const QMatrix* w, const float* x) noexcept nogil:
@@ -296,6 +298,47 @@ cdef inline void _affine_row(float* w, const uint8_t* rec, Py_ssize_t cols, Py_s
         else:
             _mm512_storeu_ps(_slot(w, quarter, 2 * k + 1), _affine16(<const int8_t*> rec + 16, va, vb, has_offset))
         rec += rb
+
+
+cdef inline void _q4_1_row(float* w, const uint8_t* row, Py_ssize_t nb, const Py_ssize_t* quarter) noexcept nogil:
+    """One Q4_1 row's exact weights f32(f32(a * q) - b), as _q4_1_step forms
+    them from the blocks (so its records' weights), each 16-value group at
+    _slot: block k's low nibbles are group 2 k, its high nibbles 2 k + 1."""
+    cdef __m512i m15 = _mm512_set1_epi32(15), v
+    cdef __m512 a, b
+    cdef Py_ssize_t k
+    for k in range(nb):
+        v = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (row + 4)))
+        a = _mm512_set1_ps(_block_d(row))
+        b = _mm512_set1_ps(-_block_d(row + 2))
+        _mm512_storeu_ps(_slot(w, quarter, 2 * k), _q4_k16(_mm512_and_si512(v, m15), a, b))
+        _mm512_storeu_ps(_slot(w, quarter, 2 * k + 1), _q4_k16(_mm512_srli_epi32(v, 4), a, b))
+        row += Q4_1_BYTES
+
+
+cdef inline void _q4_k_row(float* w, const uint8_t* row, const float* ab, Py_ssize_t cols,
+                           const Py_ssize_t* quarter) noexcept nogil:
+    """One Q4_K row's exact weights f32(f32(a * q) - b) (ab: its sub-blocks'
+    a, b), as k_dot_q4_k forms them (so its records' weights), each 16-value
+    group at _slot: the 32 bytes of sub-blocks 2 j, 2 j + 1 give groups 4 j,
+    4 j + 1 (low nibbles) and 4 j + 2, 4 j + 3 (high nibbles)."""
+    cdef __m512i m15 = _mm512_set1_epi32(15), b0, b1
+    cdef __m512 a_lo, b_lo, a_hi, b_hi
+    cdef const uint8_t* qs
+    cdef Py_ssize_t j
+    for j in range(cols // 64):
+        qs = _q4_k_qs(row, j)
+        a_lo = _mm512_set1_ps(ab[0])
+        b_lo = _mm512_set1_ps(ab[1])
+        a_hi = _mm512_set1_ps(ab[2])
+        b_hi = _mm512_set1_ps(ab[3])
+        b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> qs))
+        b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (qs + 16)))
+        _mm512_storeu_ps(_slot(w, quarter, 4 * j), _q4_k16(_mm512_and_si512(b0, m15), a_lo, b_lo))
+        _mm512_storeu_ps(_slot(w, quarter, 4 * j + 1), _q4_k16(_mm512_and_si512(b1, m15), a_lo, b_lo))
+        _mm512_storeu_ps(_slot(w, quarter, 4 * j + 2), _q4_k16(_mm512_srli_epi32(b0, 4), a_hi, b_hi))
+        _mm512_storeu_ps(_slot(w, quarter, 4 * j + 3), _q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi))
+        ab += 4
 
 
 cdef inline void _group_step_4x4(__m512* acc, const float* w0, const float* w1, const float* w2,
@@ -439,9 +482,24 @@ cdef void _affine_4x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssiz
     _tile_sums(out, out_stride, part, 4, 16)
 
 
+cdef inline Py_ssize_t _gemm_row_bytes(const QMatrix* w) noexcept nogil:
+    """Bytes per row of a matrix _gemm forms: its blocks (Q8_0, Q5_0, Q4_K,
+    Q4_1 as stored) or its affine records."""
+    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK
+    if w.layout == QLAYOUT_Q8_0:
+        return nb * Q8_0_BYTES
+    if w.layout == QLAYOUT_Q5_0:
+        return nb * Q5_0_BYTES
+    if w.layout == QLAYOUT_Q4_K:
+        return w.cols // Q4_K_BLOCK * Q4_K_BYTES
+    if w.layout == QLAYOUT_Q4_1:
+        return nb * Q4_1_BYTES
+    return _affine_row_bytes(w)
+
+
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
-    """k_gemm of a Q8_0, Q5_0 or affine matrix by the blocked kernel above:
+    """k_gemm of a Q8_0, Q5_0, Q4_K, Q4_1 or affine matrix by the blocked kernel above:
     positions in passes of GEMM_POSITION_TILE; in each, GEMM_ROW_TILE rows'
     weights formed at a time (they stay in L1/L2), the 4 x 6 kernel over
     every four rows and six positions of the pass (4 x 4 for four left
@@ -454,6 +512,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     _gemm_by_rows."""
     cdef bint q5_0 = w.layout == QLAYOUT_Q5_0
     cdef bint blocks = w.layout == QLAYOUT_Q8_0 or q5_0
+    cdef bint q4_k = w.layout == QLAYOUT_Q4_K, q4_1 = w.layout == QLAYOUT_Q4_1  # (their records' order: affine)
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK, row_bytes, t, t0, tn, r, i, n, g
     # rows ws = cols + 16 floats apart: at 1,024 or 2,048 columns, rows a
     # multiple of 4 KiB apart fall in the same L1 sets as each other and as
@@ -467,7 +526,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     cdef Py_ssize_t first[4]
     cdef Py_ssize_t end[4]
     cdef const Py_ssize_t* layout = NULL  # NULL: rows in place; else quarter (group-major)
-    if not (blocks or w.layout == QLAYOUT_AFFINE) or scratch == NULL:
+    if not (blocks or q4_k or q4_1 or w.layout == QLAYOUT_AFFINE) or scratch == NULL:
         _gemm_by_rows(out, w, x, n_tokens)
         return
     if cols >= GEMM_GROUP_MAJOR_COLS:
@@ -482,7 +541,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
         for g in range(4):
             first[g] = 16 * g
             end[g] = cols - 15  # j + 16 <= cols
-    row_bytes = nb * (Q5_0_BYTES if q5_0 else Q8_0_BYTES) if blocks else _affine_row_bytes(w)
+    row_bytes = _gemm_row_bytes(w)
     t0 = 0
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_POSITION_TILE, n_tokens - t0)
@@ -501,6 +560,10 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
                     _prefetch_row(w.blocks + (r + i) * row_bytes, row_bytes)
                 if blocks:
                     _blocks_row(wt + i * ws, w.blocks + (r + i) * row_bytes, nb, q5_0, layout)
+                elif q4_k:
+                    _q4_k_row(wt + i * ws, w.blocks + (r + i) * row_bytes, w.ab + (r + i) * nb * 2, cols, layout)
+                elif q4_1:
+                    _q4_1_row(wt + i * ws, w.blocks + (r + i) * row_bytes, nb, layout)
                 else:
                     _affine_row(wt + i * ws, w.blocks + (r + i) * row_bytes, cols, w.sub, w.has_offset, layout)
             i = 0
@@ -534,6 +597,13 @@ cdef inline void _dots(float* out, const QMatrix* w, Py_ssize_t r, Py_ssize_t n_
             elif w.layout == QLAYOUT_Q5_0:
                 out[t * w.rows + r + i] = k_dot_q5_0(w.blocks + (r + i) * row_bytes, x + t * w.cols,
                                                      w.cols // Q8_0_BLOCK)
+            elif w.layout == QLAYOUT_Q4_K:
+                out[t * w.rows + r + i] = k_dot_q4_k(w.blocks + (r + i) * row_bytes,
+                                                     w.ab + (r + i) * (w.cols // Q8_0_BLOCK) * 2, x + t * w.cols,
+                                                     w.cols)
+            elif w.layout == QLAYOUT_Q4_1:
+                out[t * w.rows + r + i] = _dot_q4_1(w.blocks + (r + i) * row_bytes, x + t * w.cols,
+                                                    w.cols // Q8_0_BLOCK)
             else:
                 out[t * w.rows + r + i] = k_dot_affine(w.blocks + (r + i) * row_bytes, x + t * w.cols, w.cols,
                                                        w.sub, w.has_offset)
