@@ -273,8 +273,14 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
 
 
 cdef object _zeros(object shape):
-    """A new f32 array of zeros of ``shape`` (an int or a tuple)."""
-    return np.zeros(shape, np.float32)
+    """A new f32 array of zeros of ``shape`` (an int or a tuple), its first
+    value 64-byte aligned: the kernels' 64-byte loads of a row then never
+    straddle two cache lines (NumPy's large arrays start 16 bytes into a
+    page; docs/benchmarks.md#history)."""
+    cdef Py_ssize_t n = max(1, int(np.prod(shape, dtype=np.int64)))
+    buf = np.zeros(n + 16, np.float32)
+    cdef Py_ssize_t skip = (-buf.ctypes.data % 64) // 4
+    return buf[skip:skip + n].reshape(shape)
 
 
 cdef object _filled_as_used(object shape):
@@ -994,7 +1000,7 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
     cdef Py_ssize_t T = x.shape[0], nb = m.cols // Q8_0_BLOCK
     xq = np.empty(max(1, T * m.cols), np.int8)
     xd = np.empty(max(1, T * nb), np.float32)
-    scratch = np.empty(max(1, k_gemm_scratch_floats(m.cols, T)), np.float32)
+    scratch = _zeros(max(1, k_gemm_scratch_floats(m.cols, T)))  # (64-byte aligned, as the engine's)
     cdef int8_t[::1] xqv = xq
     cdef float[::1] xdv = xd
     cdef float[::1] sv = scratch
