@@ -92,8 +92,8 @@ def test_affine_gemm_covers_row_tiles_and_positions(isa):
 @ISA
 @pytest.mark.parametrize("cols", [96, 160])
 def test_affine_gemm_rows_ending_in_half_a_group_of_64(isa, cols):
-    """Rows of 96 and 160 values (a last 32 after whole 64s: the GEMV's
-    accumulators 0 and 1 take it, 2 and 3 do not), 9 rows and 70 positions:
+    """Rows of 96 and 160 values (whole 32s, not whole 64s: a GEMV whose
+    step is 64 values ends in half a step), 9 rows and 70 positions:
     every (position, row) the GEMV's bits, and within a few roundings of
     float64. (Only 32-value types end so: a k-quant row is whole 256s.)"""
     m = kernels(isa)
@@ -253,7 +253,7 @@ def assert_gemm_bits_equal(m, stored, converted, x: np.ndarray, isa: str) -> np.
 def test_f32_gemm_of_long_rows_is_the_gemv_at_every_position(isa, kind, cols):
     """Rows of 2,048 values or more (the avx512 GEMM forms them, and copies
     the positions, group-major: each accumulator's 16-value groups side by
-    side; 2,080 ends in a last 32, one more group for accumulators 0 and 1):
+    side; 2,080 is not a whole number of 64s, so a step of 64 ends halfway):
     9 rows and 70 positions (6- and 4-position tiles, and what no tile
     covers), every (position, row) the one-position GEMV's bits, and within
     a few roundings of float64."""

@@ -8,9 +8,9 @@
 #
 # k_dot_q8_0: k_dot_affine's order with a = f32(d) and no offset: per 16
 # values the exact weights f32(q) * f32(d) (8 bits times an f16's 11: exact)
-# and one FMA with x; the 16-value groups of every 64 values (two blocks)
-# into acc0..acc3 in turn, a last block into acc0, acc1; (acc0 + acc1) +
-# (acc2 + acc3), its 16 lanes summed as _sum8(lanes 0-7) + _sum8(lanes 8-15).
+# and one FMA with x; each block's first 16 values into acc0, its last 16
+# into acc1; acc0 + acc1, its 16 lanes summed as _sum8(lanes 0-7) +
+# _sum8(lanes 8-15).
 # So a Q8_0 matrix's GEMM is the affine one on rows dequantized once.
 #
 # k_dot_q5_0: k_dot_q8_0's steps on the levels unpacked in registers: the 16
@@ -157,21 +157,17 @@ cdef inline void _block_step(__m512* lo, __m512* hi, const uint8_t* block, const
 cdef inline float _dot_blocks(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks,
                               bint q5_0) noexcept nogil:
     """k_dot_q8_0 (q5_0 False) or k_dot_q5_0: one loop for both layouts."""
-    cdef __m512 acc[4]
+    cdef __m512 acc[2]
     cdef const uint8_t* b = blocks
-    cdef Py_ssize_t k = 0, size = Q5_0_BYTES if q5_0 else Q8_0_BYTES
+    cdef Py_ssize_t k, size = Q5_0_BYTES if q5_0 else Q8_0_BYTES
     cdef float lanes[16]
     acc[0] = _mm512_setzero_ps()
-    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
-    while k + 2 <= n_blocks:
+    acc[1] = acc[0]
+    for k in range(n_blocks):
         _block_step(&acc[0], &acc[1], b, x, q5_0)
-        _block_step(&acc[2], &acc[3], b + size, x + Q8_0_BLOCK, q5_0)
-        b += 2 * size
-        x += 2 * Q8_0_BLOCK
-        k += 2
-    if k < n_blocks:
-        _block_step(&acc[0], &acc[1], b, x, q5_0)
-    _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+        b += size
+        x += Q8_0_BLOCK
+    _mm512_storeu_ps(lanes, _mm512_add_ps(acc[0], acc[1]))
     return _sum8(lanes) + _sum8(lanes + 8)
 
 
@@ -194,12 +190,12 @@ cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
 # f32(q) * f32(d); Q4_K and Q4_1 their records' f32(f32(a * q) - b), the
 # nibbles unpacked as their GEMVs do), then a 4-row x
 # 6-position kernel (4 x 4 for the rest). k_dot_affine's (and k_dot_q8_0's)
-# accumulator g only ever takes the 16-value groups g, g + 4, g + 8, ... of
-# a row (groups 0, 1 of a last 32 values), so the kernel runs one g at a
-# time with one accumulator per output: 24 in registers, each weight loaded
-# once for six positions and each activation once for four rows, and the
-# four partial sums are combined as the GEMV combines its accumulators,
-# (a0 + a1) + (a2 + a3), lanes summed alike: the same operations on the
+# accumulator g only ever takes the 16-value groups g, g + 2, g + 4, ... of
+# a row (the first and the last 16 of each 32), so the kernel runs one g at
+# a time with one accumulator per output: 24 in registers, each weight
+# loaded once for six positions and each activation once for four rows,
+# and the two partial sums are combined as the GEMV combines its
+# accumulators, a0 + a1, lanes summed alike: the same operations on the
 # same values in the same order, so the same bits.
 
 cdef enum:
@@ -216,43 +212,41 @@ cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noex
     return max((GEMM_ROW_TILE + positions) * (cols + GEMM_ROW_PAD), (_gemm_q8_scratch_bytes(cols, n_tokens) + 3) // 4)
 
 
-cdef inline float* _slot(float* w, const Py_ssize_t* quarter, Py_ssize_t group) noexcept nogil:
+cdef inline float* _slot(float* w, const Py_ssize_t* half, Py_ssize_t group) noexcept nogil:
     """Where 16-value group ``group`` of a row starting at w goes: in place
-    (quarter NULL), or in the row's group-major copy (_quarters)."""
-    if quarter == NULL:
+    (half NULL), or in the row's group-major copy (_halves)."""
+    if half == NULL:
         return w + 16 * group
-    return w + quarter[group & 3] + 16 * (group >> 2)
+    return w + half[group & 1] + 16 * (group >> 1)
 
 
-cdef inline void _quarters(Py_ssize_t* quarter, Py_ssize_t cols) noexcept nogil:
-    """quarter[g] .. quarter[g + 1]: where accumulator g's 16-value groups g,
-    g + 4, g + 8, ... of a row of cols values (a multiple of 32) lie side by
-    side in its group-major copy (groups 0 and 1 of a last 32 are one more
-    each)."""
-    cdef Py_ssize_t g, n_groups = cols // 16
-    quarter[0] = 0
-    for g in range(4):
-        quarter[g + 1] = quarter[g] + 16 * ((n_groups - g + 3) // 4)
+cdef inline void _halves(Py_ssize_t* half, Py_ssize_t cols) noexcept nogil:
+    """half[g] .. half[g + 1]: where accumulator g's 16-value groups g,
+    g + 2, g + 4, ... of a row of cols values (a multiple of 32) lie side by
+    side in its group-major copy."""
+    half[0] = 0
+    half[1] = cols // 2
+    half[2] = cols
 
 
 cdef inline void _group_major_row(float* dst, const float* src, Py_ssize_t cols,
-                                  const Py_ssize_t* quarter) noexcept nogil:
+                                  const Py_ssize_t* half) noexcept nogil:
     """dst = the row src of cols values, each 16-value group at _slot."""
     cdef Py_ssize_t k
     for k in range(cols // 16):
-        _mm512_storeu_ps(_slot(dst, quarter, k), _mm512_loadu_ps(src + 16 * k))
+        _mm512_storeu_ps(_slot(dst, half, k), _mm512_loadu_ps(src + 16 * k))
 
 
 cdef inline void _blocks_row(float* w, const uint8_t* row, Py_ssize_t nb, bint q5_0,
-                             const Py_ssize_t* quarter) noexcept nogil:
+                             const Py_ssize_t* half) noexcept nogil:
     """One Q8_0 (q5_0 False) or Q5_0 row's exact weights, as the GEMV forms
     them (_block_weights), each 16-value group at _slot."""
     cdef Py_ssize_t k, size = Q5_0_BYTES if q5_0 else Q8_0_BYTES
     cdef __m512 lo, hi
     for k in range(nb):
         _block_weights(&lo, &hi, row, q5_0)
-        _mm512_storeu_ps(_slot(w, quarter, 2 * k), lo)
-        _mm512_storeu_ps(_slot(w, quarter, 2 * k + 1), hi)
+        _mm512_storeu_ps(_slot(w, half, 2 * k), lo)
+        _mm512_storeu_ps(_slot(w, half, 2 * k + 1), hi)
         row += size
 
 
@@ -280,7 +274,7 @@ cdef void _gemv_q4_1(float* out, const QMatrix* w, const float* x) noexcept nogi
 
 
 cdef inline void _affine_row(float* w, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
-                             bint has_offset, const Py_ssize_t* quarter) noexcept nogil:
+                             bint has_offset, const Py_ssize_t* half) noexcept nogil:
     """One affine row's exact weights f32(f32(a * q) - b), as _affine32 forms
     them, each 16-value group at _slot."""
     cdef Py_ssize_t k, rb = sub + 4 + (4 if has_offset else 0)
@@ -288,19 +282,19 @@ cdef inline void _affine_row(float* w, const uint8_t* rec, Py_ssize_t cols, Py_s
     for k in range(cols // 32):
         va = _mm512_set1_ps(_load_f32(rec + sub))
         vb = _mm512_set1_ps(_load_f32(rec + sub + 4)) if has_offset else _mm512_setzero_ps()
-        _mm512_storeu_ps(_slot(w, quarter, 2 * k), _affine16(<const int8_t*> rec, va, vb, has_offset))
+        _mm512_storeu_ps(_slot(w, half, 2 * k), _affine16(<const int8_t*> rec, va, vb, has_offset))
         if sub == 16:  # the next 16 values are the next record's
             rec += rb
             va = _mm512_set1_ps(_load_f32(rec + 16))
             if has_offset:
                 vb = _mm512_set1_ps(_load_f32(rec + 20))
-            _mm512_storeu_ps(_slot(w, quarter, 2 * k + 1), _affine16(<const int8_t*> rec, va, vb, has_offset))
+            _mm512_storeu_ps(_slot(w, half, 2 * k + 1), _affine16(<const int8_t*> rec, va, vb, has_offset))
         else:
-            _mm512_storeu_ps(_slot(w, quarter, 2 * k + 1), _affine16(<const int8_t*> rec + 16, va, vb, has_offset))
+            _mm512_storeu_ps(_slot(w, half, 2 * k + 1), _affine16(<const int8_t*> rec + 16, va, vb, has_offset))
         rec += rb
 
 
-cdef inline void _q4_1_row(float* w, const uint8_t* row, Py_ssize_t nb, const Py_ssize_t* quarter) noexcept nogil:
+cdef inline void _q4_1_row(float* w, const uint8_t* row, Py_ssize_t nb, const Py_ssize_t* half) noexcept nogil:
     """One Q4_1 row's exact weights f32(f32(a * q) - b), as _q4_1_step forms
     them from the blocks (so its records' weights), each 16-value group at
     _slot: block k's low nibbles are group 2 k, its high nibbles 2 k + 1."""
@@ -311,13 +305,13 @@ cdef inline void _q4_1_row(float* w, const uint8_t* row, Py_ssize_t nb, const Py
         v = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (row + 4)))
         a = _mm512_set1_ps(_block_d(row))
         b = _mm512_set1_ps(-_block_d(row + 2))
-        _mm512_storeu_ps(_slot(w, quarter, 2 * k), _q4_k16(_mm512_and_si512(v, m15), a, b))
-        _mm512_storeu_ps(_slot(w, quarter, 2 * k + 1), _q4_k16(_mm512_srli_epi32(v, 4), a, b))
+        _mm512_storeu_ps(_slot(w, half, 2 * k), _q4_k16(_mm512_and_si512(v, m15), a, b))
+        _mm512_storeu_ps(_slot(w, half, 2 * k + 1), _q4_k16(_mm512_srli_epi32(v, 4), a, b))
         row += Q4_1_BYTES
 
 
 cdef inline void _q4_k_row(float* w, const uint8_t* row, const float* ab, Py_ssize_t cols,
-                           const Py_ssize_t* quarter) noexcept nogil:
+                           const Py_ssize_t* half) noexcept nogil:
     """One Q4_K row's exact weights f32(f32(a * q) - b) (ab: its sub-blocks'
     a, b), as k_dot_q4_k forms them (so its records' weights), each 16-value
     group at _slot: the 32 bytes of sub-blocks 2 j, 2 j + 1 give groups 4 j,
@@ -334,10 +328,10 @@ cdef inline void _q4_k_row(float* w, const uint8_t* row, const float* ab, Py_ssi
         b_hi = _mm512_set1_ps(ab[3])
         b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> qs))
         b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (qs + 16)))
-        _mm512_storeu_ps(_slot(w, quarter, 4 * j), _q4_k16(_mm512_and_si512(b0, m15), a_lo, b_lo))
-        _mm512_storeu_ps(_slot(w, quarter, 4 * j + 1), _q4_k16(_mm512_and_si512(b1, m15), a_lo, b_lo))
-        _mm512_storeu_ps(_slot(w, quarter, 4 * j + 2), _q4_k16(_mm512_srli_epi32(b0, 4), a_hi, b_hi))
-        _mm512_storeu_ps(_slot(w, quarter, 4 * j + 3), _q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi))
+        _mm512_storeu_ps(_slot(w, half, 4 * j), _q4_k16(_mm512_and_si512(b0, m15), a_lo, b_lo))
+        _mm512_storeu_ps(_slot(w, half, 4 * j + 1), _q4_k16(_mm512_and_si512(b1, m15), a_lo, b_lo))
+        _mm512_storeu_ps(_slot(w, half, 4 * j + 2), _q4_k16(_mm512_srli_epi32(b0, 4), a_hi, b_hi))
+        _mm512_storeu_ps(_slot(w, half, 4 * j + 3), _q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi))
         ab += 4
 
 
@@ -378,8 +372,8 @@ cdef void _affine_group_4x4(__m512* part, const float* w, Py_ssize_t w_stride, c
     """part[4 r + t] = the 16 lanes of k_dot_affine's accumulator g for row r
     (w + r * w_stride) and position t (x + t * x_stride), rows and positions
     0..3: the 16 values at j, j + step, ... below end, which are the groups
-    g, g + 4, ... (then group g of a last 32 if g < 2) in order, in place
-    (j = 16 g, step 64) or group-major (step 16). In a function of its own,
+    g, g + 2, ... in order, in place (j = 16 g, step 32) or group-major
+    (step 16). In a function of its own,
     so that its 16 accumulators and the four weight vectors are all gcc has
     to keep in registers."""
     cdef __m512 acc[16]
@@ -443,14 +437,14 @@ cdef void _affine_group_4x6(__m512* part, const float* w, Py_ssize_t w_stride, c
 
 cdef inline void _tile_sums(float* out, Py_ssize_t out_stride, __m512 (*part)[24], Py_ssize_t n_pos,
                             Py_ssize_t n) noexcept nogil:
-    """out[t * out_stride + r] = the GEMV's sum of the four accumulators of
-    row r and position t, part[g][n_pos * r + t]: (a0 + a1) + (a2 + a3), its
-    lanes by _sum16x8 (the bits of _sum16), for the n = 4 n_pos outputs."""
+    """out[t * out_stride + r] = the GEMV's sum of the two accumulators of
+    row r and position t, part[g][n_pos * r + t]: a0 + a1, its lanes by
+    _sum16x8 (the bits of _sum16), for the n = 4 n_pos outputs."""
     cdef __m512 v[24]
     cdef float sums[24]
     cdef Py_ssize_t i
     for i in range(n):
-        v[i] = _mm512_add_ps(_mm512_add_ps(part[0][i], part[1][i]), _mm512_add_ps(part[2][i], part[3][i]))
+        v[i] = _mm512_add_ps(part[0][i], part[1][i])
     for i in range(0, n, 8):
         _sum16x8(sums + i, v[i], v[i + 1], v[i + 2], v[i + 3], v[i + 4], v[i + 5], v[i + 6], v[i + 7])
     for i in range(n):
@@ -464,9 +458,9 @@ cdef void _affine_4x6(float* out, Py_ssize_t out_stride, const float* w, Py_ssiz
     w + r * w_stride) with position t (x + t * x_stride), rows 0..3,
     positions 0..5; accumulator g's values at first[g], first[g] + step, ...
     below end[g] (see _gemm)."""
-    cdef __m512 part[4][24]  # (g, 6 r + t)
+    cdef __m512 part[2][24]  # (g, 6 r + t)
     cdef Py_ssize_t g
-    for g in range(4):
+    for g in range(2):
         _affine_group_4x6(part[g], w, w_stride, x, x_stride, first[g], end[g], step)
     _tile_sums(out, out_stride, part, 6, 24)
 
@@ -475,9 +469,9 @@ cdef void _affine_4x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssiz
                       Py_ssize_t x_stride, const Py_ssize_t* first, const Py_ssize_t* end,
                       Py_ssize_t step) noexcept nogil:
     """_affine_4x6 for positions 0..3."""
-    cdef __m512 part[4][24]  # (g, 4 r + t): the first 16
+    cdef __m512 part[2][24]  # (g, 4 r + t): the first 16
     cdef Py_ssize_t g
-    for g in range(4):
+    for g in range(2):
         _affine_group_4x4(part[g], w, w_stride, x, x_stride, first[g], end[g], step)
     _tile_sums(out, out_stride, part, 4, 16)
 
@@ -507,7 +501,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     product (the same bits). Rows of GEMM_GROUP_MAJOR_COLS values or more
     are formed, and each pass's positions copied, group-major: accumulator
     g's groups side by side, so that each of its passes reads one run
-    rather than every fourth 64 bytes of rows that no longer fit L1 (a
+    rather than every other 64 bytes of rows that no longer fit L1 (a
     measured choice: docs/benchmarks.md#history). Other matrices:
     _gemm_by_rows."""
     cdef bint q5_0 = w.layout == QLAYOUT_Q5_0
@@ -522,23 +516,23 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     cdef float* xt = scratch + GEMM_ROW_TILE * ws  # (<= GEMM_POSITION_TILE, ws) the pass's positions, long rows
     cdef const float* xp  # the pass's positions as the kernel reads them, xs apart
     cdef Py_ssize_t xs, step
-    cdef Py_ssize_t quarter[5]
-    cdef Py_ssize_t first[4]
-    cdef Py_ssize_t end[4]
-    cdef const Py_ssize_t* layout = NULL  # NULL: rows in place; else quarter (group-major)
+    cdef Py_ssize_t half[3]
+    cdef Py_ssize_t first[2]
+    cdef Py_ssize_t end[2]
+    cdef const Py_ssize_t* layout = NULL  # NULL: rows in place; else half (group-major)
     if not (blocks or q4_k or q4_1 or w.layout == QLAYOUT_AFFINE) or scratch == NULL:
         _gemm_by_rows(out, w, x, n_tokens)
         return
     if cols >= GEMM_GROUP_MAJOR_COLS:
-        _quarters(quarter, cols)
-        layout = quarter
+        _halves(half, cols)
+        layout = half
         step = 16
-        for g in range(4):
-            first[g] = quarter[g]
-            end[g] = quarter[g + 1]
+        for g in range(2):
+            first[g] = half[g]
+            end[g] = half[g + 1]
     else:
-        step = 64
-        for g in range(4):
+        step = 32
+        for g in range(2):
             first[g] = 16 * g
             end[g] = cols - 15  # j + 16 <= cols
     row_bytes = _gemm_row_bytes(w)
@@ -925,10 +919,11 @@ cdef bint _weighted_few(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_
 
 # k_dot_affine (see kernels/common.pxi): per 16 values, the exact weights
 # f32(f32(a * q) - b) (one widening, one product, one subtraction) and one
-# FMA with x. Four accumulators, so that four FMA chains run at once: the
-# 16-value groups of every 64 values go to acc0..acc3 in turn (a last 32
-# values to acc0 and acc1); the 16 lanes of (acc0 + acc1) + (acc2 + acc3)
-# summed as k_dot_q8_0's.
+# FMA with x. Two accumulators, so that two FMA chains run at once: the
+# first 16 values of every 32 go to acc0, the last 16 to acc1; the 16 lanes
+# of acc0 + acc1 summed as k_dot_q8_0's. (Two chains keep the FMAs' latency
+# hidden behind each weight's forming, and let the GEMM run two passes per
+# tile, not four.)
 
 cdef inline __m512 _affine16(const int8_t* q, __m512 a, __m512 b, bint has_offset) noexcept nogil:
     """The exact weights f32(f32(a * q[0:16]) - b)."""
@@ -958,19 +953,15 @@ cdef inline const uint8_t* _affine32(__m512* lo, __m512* hi, const uint8_t* rec,
 
 cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
                         bint has_offset) noexcept nogil:
-    cdef __m512 acc[4]
-    cdef Py_ssize_t k = 0, nb = cols // 32, rb = sub + 4 + (4 if has_offset else 0)
+    cdef __m512 acc[2]
+    cdef Py_ssize_t k, nb = cols // 32, rb = sub + 4 + (4 if has_offset else 0)
     cdef float lanes[16]
     acc[0] = _mm512_setzero_ps()
-    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
-    while k + 2 <= nb:
+    acc[1] = acc[0]
+    for k in range(nb):
         rec = _affine32(&acc[0], &acc[1], rec, x, sub, has_offset, rb)
-        rec = _affine32(&acc[2], &acc[3], rec, x + 32, sub, has_offset, rb)
-        x += 64
-        k += 2
-    if k < nb:
-        _affine32(&acc[0], &acc[1], rec, x, sub, has_offset, rb)
-    _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+        x += 32
+    _mm512_storeu_ps(lanes, _mm512_add_ps(acc[0], acc[1]))
     return _sum8(lanes) + _sum8(lanes + 8)
 
 
@@ -981,16 +972,16 @@ cdef inline __m512 _q4_k16(__m512i levels, __m512 a, __m512 b) noexcept nogil:
 
 cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
     # k_dot_affine's order with the levels unpacked in registers: sub-block
-    # 2 j is the low nibbles of 32 bytes (its values 0-15 into acc[0], 16-31
-    # into acc[1]), sub-block 2 j + 1 their high nibbles (acc[2], acc[3])
-    cdef __m512 acc[4]
+    # 2 j is the low nibbles of 32 bytes, sub-block 2 j + 1 their high
+    # nibbles; each sub-block's values 0-15 into acc[0], 16-31 into acc[1]
+    cdef __m512 acc[2]
     cdef __m512i m15 = _mm512_set1_epi32(15), b0, b1
     cdef __m512 a_lo, b_lo, a_hi, b_hi
     cdef const uint8_t* qs
     cdef Py_ssize_t j, n = cols // 64  # pairs of sub-blocks
     cdef float lanes[16]
     acc[0] = _mm512_setzero_ps()
-    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
+    acc[1] = acc[0]
     for j in range(n):
         qs = _q4_k_qs(row, j)
         a_lo = _mm512_set1_ps(ab[0])
@@ -1001,11 +992,11 @@ cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ss
         b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (qs + 16)))
         acc[0] = _mm512_fmadd_ps(_q4_k16(_mm512_and_si512(b0, m15), a_lo, b_lo), _mm512_loadu_ps(x), acc[0])
         acc[1] = _mm512_fmadd_ps(_q4_k16(_mm512_and_si512(b1, m15), a_lo, b_lo), _mm512_loadu_ps(x + 16), acc[1])
-        acc[2] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(b0, 4), a_hi, b_hi), _mm512_loadu_ps(x + 32), acc[2])
-        acc[3] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi), _mm512_loadu_ps(x + 48), acc[3])
+        acc[0] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(b0, 4), a_hi, b_hi), _mm512_loadu_ps(x + 32), acc[0])
+        acc[1] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi), _mm512_loadu_ps(x + 48), acc[1])
         ab += 4
         x += 64
-    _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+    _mm512_storeu_ps(lanes, _mm512_add_ps(acc[0], acc[1]))
     return _sum8(lanes) + _sum8(lanes + 8)
 
 
@@ -1025,19 +1016,15 @@ cdef inline void _q4_1_step(__m512* lo, __m512* hi, const uint8_t* block, const 
 cdef float _dot_q4_1(const uint8_t* row, const float* x, Py_ssize_t n_blocks) noexcept nogil:
     """k_dot_affine of the row's records, bit for bit, straight from its Q4_1
     blocks: the same steps on the same values in the same order."""
-    cdef __m512 acc[4]
+    cdef __m512 acc[2]
     cdef __m512i m15 = _mm512_set1_epi32(15)
-    cdef Py_ssize_t k = 0
+    cdef Py_ssize_t k
     cdef float lanes[16]
     acc[0] = _mm512_setzero_ps()
-    acc[1] = acc[0]; acc[2] = acc[0]; acc[3] = acc[0]
-    while k + 2 <= n_blocks:
+    acc[1] = acc[0]
+    for k in range(n_blocks):
         _q4_1_step(&acc[0], &acc[1], row, x, m15)
-        _q4_1_step(&acc[2], &acc[3], row + Q4_1_BYTES, x + 32, m15)
-        row += 2 * Q4_1_BYTES
-        x += 64
-        k += 2
-    if k < n_blocks:
-        _q4_1_step(&acc[0], &acc[1], row, x, m15)
-    _mm512_storeu_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+        row += Q4_1_BYTES
+        x += 32
+    _mm512_storeu_ps(lanes, _mm512_add_ps(acc[0], acc[1]))
     return _sum8(lanes) + _sum8(lanes + 8)
