@@ -43,6 +43,7 @@ cdef extern from "immintrin.h" nogil:
     __m512 _mm512_add_ps(__m512 a, __m512 b)
     __m512 _mm512_mul_ps(__m512 a, __m512 b)
     __m512 _mm512_sub_ps(__m512 a, __m512 b)
+    __m512 _mm512_fmsub_ps(__m512 a, __m512 b, __m512 c)  # a * b - c, rounded once
     __m512 _mm512_set1_ps(float a)
     void _mm512_storeu_ps(void* p, __m512 a)
     __m512i _mm512_cvtepu8_epi32(__m128i a)
@@ -927,8 +928,8 @@ cdef bint _weighted_few(float* y, Py_ssize_t y_stride, const float* w, Py_ssize_
 
 cdef inline __m512 _affine16(const int8_t* q, __m512 a, __m512 b, bint has_offset) noexcept nogil:
     """The exact weights f32(f32(a * q[0:16]) - b)."""
-    cdef __m512 w = _mm512_mul_ps(_widen16(q), a)
-    return _mm512_sub_ps(w, b) if has_offset else w
+    # (a * q is exact for every type with an offset: one fused rounding is the same)
+    return _mm512_fmsub_ps(_widen16(q), a, b) if has_offset else _mm512_mul_ps(_widen16(q), a)
 
 
 cdef inline const uint8_t* _affine32(__m512* lo, __m512* hi, const uint8_t* rec, const float* x, Py_ssize_t sub,
@@ -966,8 +967,9 @@ cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_
 
 
 cdef inline __m512 _q4_k16(__m512i levels, __m512 a, __m512 b) noexcept nogil:
-    """_affine16's exact weights f32(f32(a * q) - b), from 16 levels in int32 lanes."""
-    return _mm512_sub_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(levels), a), b)
+    """_affine16's exact weights f32(f32(a * q) - b), from 16 levels in int32
+    lanes, in one fused multiply-subtract (a * q is exact: Q4_K, Q4_1)."""
+    return _mm512_fmsub_ps(_mm512_cvtepi32_ps(levels), a, b)
 
 
 cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
