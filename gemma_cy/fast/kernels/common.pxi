@@ -161,6 +161,24 @@ cdef inline Py_ssize_t _affine_row_bytes(const QMatrix* w) noexcept nogil:
     return w.cols // w.sub * (w.sub + 4 + (4 if w.has_offset else 0))
 
 
+cdef inline Py_ssize_t _row_bytes(const QMatrix* w) noexcept nogil:
+    """Bytes of one row of w as it is held, in any layout (api.pxi)."""
+    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK
+    if w.layout == QLAYOUT_Q8_0:
+        return nb * Q8_0_BYTES
+    if w.layout == QLAYOUT_Q5_0:
+        return nb * Q5_0_BYTES
+    if w.layout == QLAYOUT_Q4_K:
+        return w.cols // Q4_K_BLOCK * Q4_K_BYTES
+    if w.layout == QLAYOUT_Q4_1:
+        return nb * Q4_1_BYTES
+    if w.layout == QLAYOUT_AFFINE:
+        return _affine_row_bytes(w)
+    if w.layout == QLAYOUT_F32:
+        return w.cols * 4
+    return w.cols  # QLAYOUT_I8_TENSOR
+
+
 cdef inline const uint8_t* _affine_portable_acc(float* acc, const uint8_t* rec, const float* x, Py_ssize_t cols,
                                                 Py_ssize_t sub, bint has_offset) noexcept nogil:
     """acc[8 g + j] += the exact weights of the next cols values (records at

@@ -631,9 +631,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     cdef bint q4_1 = w.layout == QLAYOUT_Q4_1  # (likewise)
     cdef bint affine = w.layout == QLAYOUT_AFFINE or q4_k or q4_1
     cdef Py_ssize_t rows = w.rows, cols = w.cols, nb = w.cols // Q8_0_BLOCK
-    cdef Py_ssize_t row_bytes = nb * (Q5_0_BYTES if q5_0 else Q8_0_BYTES) if q8_0 else (
-        cols // Q4_K_BLOCK * Q4_K_BYTES if q4_k else nb * Q4_1_BYTES if q4_1 else
-        _affine_row_bytes(w) if affine else cols)
+    cdef Py_ssize_t row_bytes = _row_bytes(w)
     cdef const uint8_t* base = w.blocks if q8_0 or affine else <const uint8_t*> w.q
     cdef float scale = 1.0 if q8_0 or affine else w.scale  # (x * 1.0 is x, bit for bit)
     cdef float* wt = scratch  # (GEMM_ROW_TILE, cols) dequantized rows, group-major

@@ -296,43 +296,31 @@ cdef inline void _affine_row(float* w, const uint8_t* rec, Py_ssize_t cols, Py_s
 
 
 cdef inline void _q4_1_row(float* w, const uint8_t* row, Py_ssize_t nb, const Py_ssize_t* half) noexcept nogil:
-    """One Q4_1 row's exact weights f32(f32(a * q) - b), as _q4_1_step forms
-    them from the blocks (so its records' weights), each 16-value group at
-    _slot: block k's low nibbles are group 2 k, its high nibbles 2 k + 1."""
-    cdef __m512i m15 = _mm512_set1_epi32(15), v
-    cdef __m512 a, b
+    """One Q4_1 row's exact weights (_q4_1_weights, as the GEMV forms them),
+    each 16-value group at _slot: block k's low nibbles are group 2 k, its
+    high nibbles 2 k + 1."""
+    cdef __m512i m15 = _mm512_set1_epi32(15)
+    cdef __m512 lo, hi
     cdef Py_ssize_t k
     for k in range(nb):
-        v = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (row + 4)))
-        a = _mm512_set1_ps(_block_d(row))
-        b = _mm512_set1_ps(-_block_d(row + 2))
-        _mm512_storeu_ps(_slot(w, half, 2 * k), _q4_k16(_mm512_and_si512(v, m15), a, b))
-        _mm512_storeu_ps(_slot(w, half, 2 * k + 1), _q4_k16(_mm512_srli_epi32(v, 4), a, b))
+        _q4_1_weights(&lo, &hi, row, m15)
+        _mm512_storeu_ps(_slot(w, half, 2 * k), lo)
+        _mm512_storeu_ps(_slot(w, half, 2 * k + 1), hi)
         row += Q4_1_BYTES
 
 
 cdef inline void _q4_k_row(float* w, const uint8_t* row, const float* ab, Py_ssize_t cols,
                            const Py_ssize_t* half) noexcept nogil:
-    """One Q4_K row's exact weights f32(f32(a * q) - b) (ab: its sub-blocks'
-    a, b), as k_dot_q4_k forms them (so its records' weights), each 16-value
-    group at _slot: the 32 bytes of sub-blocks 2 j, 2 j + 1 give groups 4 j,
-    4 j + 1 (low nibbles) and 4 j + 2, 4 j + 3 (high nibbles)."""
-    cdef __m512i m15 = _mm512_set1_epi32(15), b0, b1
-    cdef __m512 a_lo, b_lo, a_hi, b_hi
-    cdef const uint8_t* qs
-    cdef Py_ssize_t j
+    """One Q4_K row's exact weights (ab: its sub-blocks' a, b; _q4_k_weights,
+    as the GEMV forms them), each 16-value group at _slot: groups 4 j ..
+    4 j + 3 are the values 64 j .. 64 j + 63."""
+    cdef __m512i m15 = _mm512_set1_epi32(15)
+    cdef __m512 v[4]
+    cdef Py_ssize_t j, g
     for j in range(cols // 64):
-        qs = _q4_k_qs(row, j)
-        a_lo = _mm512_set1_ps(ab[0])
-        b_lo = _mm512_set1_ps(ab[1])
-        a_hi = _mm512_set1_ps(ab[2])
-        b_hi = _mm512_set1_ps(ab[3])
-        b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> qs))
-        b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (qs + 16)))
-        _mm512_storeu_ps(_slot(w, half, 4 * j), _q4_k16(_mm512_and_si512(b0, m15), a_lo, b_lo))
-        _mm512_storeu_ps(_slot(w, half, 4 * j + 1), _q4_k16(_mm512_and_si512(b1, m15), a_lo, b_lo))
-        _mm512_storeu_ps(_slot(w, half, 4 * j + 2), _q4_k16(_mm512_srli_epi32(b0, 4), a_hi, b_hi))
-        _mm512_storeu_ps(_slot(w, half, 4 * j + 3), _q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi))
+        _q4_k_weights(v, row, ab, j, m15)
+        for g in range(4):
+            _mm512_storeu_ps(_slot(w, half, 4 * j + g), v[g])
         ab += 4
 
 
@@ -477,21 +465,6 @@ cdef void _affine_4x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssiz
     _tile_sums(out, out_stride, part, 4, 16)
 
 
-cdef inline Py_ssize_t _gemm_row_bytes(const QMatrix* w) noexcept nogil:
-    """Bytes per row of a matrix _gemm forms: its blocks (Q8_0, Q5_0, Q4_K,
-    Q4_1 as stored) or its affine records."""
-    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK
-    if w.layout == QLAYOUT_Q8_0:
-        return nb * Q8_0_BYTES
-    if w.layout == QLAYOUT_Q5_0:
-        return nb * Q5_0_BYTES
-    if w.layout == QLAYOUT_Q4_K:
-        return w.cols // Q4_K_BLOCK * Q4_K_BYTES
-    if w.layout == QLAYOUT_Q4_1:
-        return nb * Q4_1_BYTES
-    return _affine_row_bytes(w)
-
-
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
                 float* scratch) noexcept nogil:
     """k_gemm of a Q8_0, Q5_0, Q4_K, Q4_1 or affine matrix by the blocked kernel above:
@@ -536,7 +509,7 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
         for g in range(2):
             first[g] = 16 * g
             end[g] = cols - 15  # j + 16 <= cols
-    row_bytes = _gemm_row_bytes(w)
+    row_bytes = _row_bytes(w)
     t0 = 0
     while t0 < n_tokens:
         tn = min(<Py_ssize_t> GEMM_POSITION_TILE, n_tokens - t0)
@@ -972,34 +945,55 @@ cdef inline __m512 _q4_k16(__m512i levels, __m512 a, __m512 b) noexcept nogil:
     return _mm512_fmsub_ps(_mm512_cvtepi32_ps(levels), a, b)
 
 
+cdef inline void _q4_k_weights(__m512* v, const uint8_t* row, const float* ab, Py_ssize_t j,
+                               __m512i m15) noexcept nogil:
+    """v[0..3] = the exact weights of values 64 j .. 64 j + 63 of a Q4_K row
+    (sub-blocks 2 j, 2 j + 1; ab their a, b): the low nibbles of the 32 bytes
+    are sub-block 2 j (values 0-15, 16-31 in v[0], v[1]), the high nibbles
+    sub-block 2 j + 1 (v[2], v[3]). The GEMV and the GEMM both form them here."""
+    cdef const uint8_t* qs = _q4_k_qs(row, j)
+    cdef __m512 a_lo = _mm512_set1_ps(ab[0]), b_lo = _mm512_set1_ps(ab[1])
+    cdef __m512 a_hi = _mm512_set1_ps(ab[2]), b_hi = _mm512_set1_ps(ab[3])
+    cdef __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> qs))
+    cdef __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (qs + 16)))
+    v[0] = _q4_k16(_mm512_and_si512(b0, m15), a_lo, b_lo)
+    v[1] = _q4_k16(_mm512_and_si512(b1, m15), a_lo, b_lo)
+    v[2] = _q4_k16(_mm512_srli_epi32(b0, 4), a_hi, b_hi)
+    v[3] = _q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi)
+
+
 cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
     # k_dot_affine's order with the levels unpacked in registers: sub-block
     # 2 j is the low nibbles of 32 bytes, sub-block 2 j + 1 their high
     # nibbles; each sub-block's values 0-15 into acc[0], 16-31 into acc[1]
     cdef __m512 acc[2]
-    cdef __m512i m15 = _mm512_set1_epi32(15), b0, b1
-    cdef __m512 a_lo, b_lo, a_hi, b_hi
-    cdef const uint8_t* qs
+    cdef __m512 v[4]
+    cdef __m512i m15 = _mm512_set1_epi32(15)
     cdef Py_ssize_t j, n = cols // 64  # pairs of sub-blocks
     cdef float lanes[16]
     acc[0] = _mm512_setzero_ps()
     acc[1] = acc[0]
     for j in range(n):
-        qs = _q4_k_qs(row, j)
-        a_lo = _mm512_set1_ps(ab[0])
-        b_lo = _mm512_set1_ps(ab[1])
-        a_hi = _mm512_set1_ps(ab[2])
-        b_hi = _mm512_set1_ps(ab[3])
-        b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> qs))
-        b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (qs + 16)))
-        acc[0] = _mm512_fmadd_ps(_q4_k16(_mm512_and_si512(b0, m15), a_lo, b_lo), _mm512_loadu_ps(x), acc[0])
-        acc[1] = _mm512_fmadd_ps(_q4_k16(_mm512_and_si512(b1, m15), a_lo, b_lo), _mm512_loadu_ps(x + 16), acc[1])
-        acc[0] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(b0, 4), a_hi, b_hi), _mm512_loadu_ps(x + 32), acc[0])
-        acc[1] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi), _mm512_loadu_ps(x + 48), acc[1])
+        _q4_k_weights(v, row, ab, j, m15)
+        acc[0] = _mm512_fmadd_ps(v[0], _mm512_loadu_ps(x), acc[0])
+        acc[1] = _mm512_fmadd_ps(v[1], _mm512_loadu_ps(x + 16), acc[1])
+        acc[0] = _mm512_fmadd_ps(v[2], _mm512_loadu_ps(x + 32), acc[0])
+        acc[1] = _mm512_fmadd_ps(v[3], _mm512_loadu_ps(x + 48), acc[1])
         ab += 4
         x += 64
     _mm512_storeu_ps(lanes, _mm512_add_ps(acc[0], acc[1]))
     return _sum8(lanes) + _sum8(lanes + 8)
+
+
+cdef inline void _q4_1_weights(__m512* lo, __m512* hi, const uint8_t* block, __m512i m15) noexcept nogil:
+    """The exact weights of one Q4_1 block as its record gives them (a =
+    f32(d), b = -f32(m)): lo values 0-15 (the low nibbles of qs), hi values
+    16-31 (the high ones). The GEMV and the GEMM both form them here."""
+    cdef __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (block + 4)))
+    cdef __m512 a = _mm512_set1_ps(_block_d(block))
+    cdef __m512 b = _mm512_set1_ps(-_block_d(block + 2))
+    lo[0] = _q4_k16(_mm512_and_si512(v, m15), a, b)
+    hi[0] = _q4_k16(_mm512_srli_epi32(v, 4), a, b)
 
 
 cdef inline void _q4_1_step(__m512* lo, __m512* hi, const uint8_t* block, const float* x,
@@ -1008,11 +1002,10 @@ cdef inline void _q4_1_step(__m512* lo, __m512* hi, const uint8_t* block, const 
     are the low nibbles of qs, then the high ones; a = f32(d), b = -f32(m)),
     the levels unpacked in registers: lo += values 0-15 times x[0:16], hi
     values 16-31 times x[16:32]."""
-    cdef __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (block + 4)))
-    cdef __m512 a = _mm512_set1_ps(_block_d(block))
-    cdef __m512 b = _mm512_set1_ps(-_block_d(block + 2))
-    lo[0] = _mm512_fmadd_ps(_q4_k16(_mm512_and_si512(v, m15), a, b), _mm512_loadu_ps(x), lo[0])
-    hi[0] = _mm512_fmadd_ps(_q4_k16(_mm512_srli_epi32(v, 4), a, b), _mm512_loadu_ps(x + 16), hi[0])
+    cdef __m512 w0, w1
+    _q4_1_weights(&w0, &w1, block, m15)
+    lo[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), lo[0])
+    hi[0] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), hi[0])
 
 
 cdef float _dot_q4_1(const uint8_t* row, const float* x, Py_ssize_t n_blocks) noexcept nogil:
