@@ -21,6 +21,7 @@ from bench_kernels import best_seconds  # sets the BLAS threads to 1 first
 import numpy as np
 
 from gemma_cy.fast import ops
+from gemma_cy.fast.buffers import aligned_zeros
 from gemma_cy.formats.gguf_reader import _F16_SCALE_OFFSETS
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
 from gemma_cy.quant.ggml import Q5_0Tensor
@@ -46,12 +47,9 @@ def matrix(kind: str, rows: int, cols: int, rng):
 
 
 def aligned(a: np.ndarray) -> np.ndarray:
-    """A copy of ``a`` whose first value is 64-byte aligned, as the engine's
-    activations are (NumPy puts large arrays 16 bytes into a page, and a
-    64-byte load from there straddles two cache lines)."""
-    buf = np.empty(a.size + 16, a.dtype)
-    skip = (-buf.ctypes.data % 64) // a.itemsize
-    out = buf[skip:skip + a.size].reshape(a.shape)
+    """A copy of ``a`` on a cache line, as the engine's activations are
+    (gemma_cy/fast/buffers.py)."""
+    out = aligned_zeros(a.shape, a.dtype)
     out[...] = a
     return out
 

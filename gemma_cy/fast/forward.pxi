@@ -43,6 +43,7 @@ from gemma_cy.errors import ModelFormatError
 from gemma_cy.model.checks import ACTIVATION_MODES, check_activation_mode
 from gemma_cy.model.observe import op_shape
 from gemma_cy.fast.arena import lay_out_for_decode, release_file_maps
+from gemma_cy.fast.buffers import aligned_zeros
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
@@ -161,9 +162,7 @@ cdef object _convert_scratch(object tensors, Py_ssize_t n_tokens):
             size = max(size, k_convert_scratch_bytes(layout, t.shape[1], n_tokens))
     if size == 0:
         return None
-    buf = np.empty(size + 64, np.uint8)  # (written before it is read)
-    start = (-buf.ctypes.data) % 64
-    return buf[start:start + size]
+    return aligned_zeros(size, np.uint8)
 
 
 cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=None,
@@ -274,13 +273,8 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
 
 cdef object _zeros(object shape):
     """A new f32 array of zeros of ``shape`` (an int or a tuple), its first
-    value 64-byte aligned: the kernels' 64-byte loads of a row then never
-    straddle two cache lines (NumPy's large arrays start 16 bytes into a
-    page; docs/benchmarks.md#history)."""
-    cdef Py_ssize_t n = max(1, int(np.prod(shape, dtype=np.int64)))
-    buf = np.zeros(n + 16, np.float32)
-    cdef Py_ssize_t skip = (-buf.ctypes.data % 64) // 4
-    return buf[skip:skip + n].reshape(shape)
+    value on a cache line (gemma_cy/fast/buffers.py)."""
+    return aligned_zeros(shape, np.float32)
 
 
 cdef object _filled_as_used(object shape):
@@ -491,7 +485,7 @@ cdef class FastModel:
         self.q, self.ao = _f32(_zeros(BLOCK * c.q_dim), keep), _f32(_zeros(BLOCK * c.q_dim), keep)
         self.hb, self.hb2 = _f32(_zeros(BLOCK * c.mlp_dim), keep), _f32(_zeros(BLOCK * c.mlp_dim), keep)
         widest = max(c.dim, c.q_dim, c.mlp_dim)
-        xq = np.zeros(BLOCK * widest, np.int8)
+        xq = aligned_zeros(BLOCK * widest, np.int8)
         cdef int8_t[::1] xq_view = xq
         keep.append(xq)
         self.xq = &xq_view[0]
