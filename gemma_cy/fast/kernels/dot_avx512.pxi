@@ -13,13 +13,17 @@
 # _sum8(lanes 8-15).
 # So a Q8_0 matrix's GEMM is the affine one on rows dequantized once.
 #
-# k_dot_q5_0: k_dot_q8_0's steps on the levels unpacked in registers: the 16
-# bytes of qs widened to int32 (values 0-15 in their low nibbles, 16-31 in
-# the high ones, shifted down), bit 4 of each lane set to the value's qh bit
-# (qh broadcast and rotated per lane, merged by one ternary logic op), and
-# that 5-bit index looks the level up as an f32 in a 32-entry table
-# (-16..15: exact, as _widen16's conversion); then f32(level) * f32(d) per
-# 16, as for Q8_0, so a Q5_0 matrix gives its Q8_0 conversion's bits.
+# k_dot_q5_0: k_dot_q8_0's steps on the exact weights formed in registers.
+# A value's level is n - 16 + 16 h (n its nibble, h its qh bit). Per block,
+# a 16-entry table of f32(n) * f32(d) (exact: 4 bits times an f16's 11) and
+# the vector -16 * f32(d) (exact); the 16 bytes of qs widened to int32 index
+# the table by their low nibbles (values 0-15) or, shifted down, their high
+# ones (16-31); the lanes whose h is 0 (qh as a lane mask) add -16 d, and
+# f32(n d) + (-16 d) is exact too (the sum (n - 16) d has 15 bits). So every
+# weight is f32(level) * f32(d), as a Q8_0 block's, and a Q5_0 matrix gives
+# its Q8_0 conversion's bits. (This form keeps the one 512-bit multiply unit
+# to two multiplies per block and the FMAs: a 32-entry table looked up by a
+# 5-bit index built from qh took two more of its slots per block.)
 
 from libc.math cimport fmaf
 
@@ -41,6 +45,7 @@ cdef extern from "immintrin.h" nogil:
     __m512 _mm512_setzero_ps()
     __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c)
     __m512 _mm512_add_ps(__m512 a, __m512 b)
+    __m512 _mm512_mask_add_ps(__m512 src, __mmask16 k, __m512 a, __m512 b)
     __m512 _mm512_mul_ps(__m512 a, __m512 b)
     __m512 _mm512_sub_ps(__m512 a, __m512 b)
     __m512 _mm512_fmsub_ps(__m512 a, __m512 b, __m512 c)  # a * b - c, rounded once
@@ -50,11 +55,8 @@ cdef extern from "immintrin.h" nogil:
     __m512i _mm512_and_si512(__m512i a, __m512i b)
     __m512i _mm512_srli_epi32(__m512i a, unsigned int imm)
     __m512i _mm512_set1_epi32(int a)
-    __m512i _mm512_ternarylogic_epi32(__m512i a, __m512i b, __m512i c, int imm)
-    __m512i _mm512_rorv_epi32(__m512i a, __m512i b)
     __m512i _mm512_setr_epi32(int e0, int e1, int e2, int e3, int e4, int e5, int e6, int e7, int e8, int e9,
                               int e10, int e11, int e12, int e13, int e14, int e15)
-    __m512 _mm512_permutex2var_ps(__m512 a, __m512i idx, __m512 b)
     __m512 _mm512_shuffle_f32x4(__m512 a, __m512 b, int imm)
     __m512 _mm512_shuffle_ps(__m512 a, __m512 b, int imm)
     __m512 _mm512_permutexvar_ps(__m512i idx, __m512 a)
@@ -108,27 +110,19 @@ cdef void k_gemv_i8_resident(float* out, const int8_t* q, float scale, const flo
     _gemv_i8_rows(out, q, scale, x, rows, cols)
 
 
-cdef inline void _q5_0_levels_f32(__m512* lo, __m512* hi, const uint8_t* block) noexcept nogil:
-    """The levels of one Q5_0 block as f32 (see the top of this file): lo
-    values 0-15, hi values 16-31."""
-    # lane j's nibble in bits 0-3, its qh bit (j, 16 + j) rotated to bit 4,
-    # the other bits of qh above it (ternary logic 0xE4: c ? a : b, c = 15);
-    # permutex2var reads bits 0-4 only
-    cdef __m512i v, m15, bits, lo_i, hi_i
-    cdef __m512 below, above
-    cdef int qh
-    below = _mm512_setr_ps(-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1)
-    above = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-    m15 = _mm512_set1_epi32(15)
-    v = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (block + 6)))
+cdef inline void _q5_0_weights(__m512* lo, __m512* hi, const uint8_t* block, __m512 d) noexcept nogil:
+    """The exact weights f32(level) * f32(d) of one Q5_0 block (see the top
+    of this file): lo values 0-15, hi values 16-31."""
+    cdef __m512 nd = _mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), d)
+    cdef __m512 low = _mm512_mul_ps(_mm512_set1_ps(-16), d)
+    cdef __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(<const __m128i*> (block + 6)))
+    cdef uint32_t qh
     memcpy(&qh, block + 2, 4)  # (x86: little-endian, as the file)
-    bits = _mm512_set1_epi32(qh)
-    lo_i = _mm512_ternarylogic_epi32(v, _mm512_rorv_epi32(bits, _mm512_setr_epi32(
-        28, 29, 30, 31, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)), m15, 0xE4)
-    hi_i = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4), _mm512_rorv_epi32(bits, _mm512_setr_epi32(
-        12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27)), m15, 0xE4)
-    lo[0] = _mm512_permutex2var_ps(below, lo_i, above)
-    hi[0] = _mm512_permutex2var_ps(below, hi_i, above)
+    qh = ~qh  # the lanes that add -16 d
+    lo[0] = _mm512_permutexvar_ps(v, nd)  # reads bits 0-3 of each index
+    lo[0] = _mm512_mask_add_ps(lo[0], <__mmask16> (qh & 0xFFFF), lo[0], low)
+    hi[0] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), nd)
+    hi[0] = _mm512_mask_add_ps(hi[0], <__mmask16> (qh >> 16), hi[0], low)
 
 
 cdef inline void _block_weights(__m512* lo, __m512* hi, const uint8_t* block, bint q5_0) noexcept nogil:
@@ -138,9 +132,7 @@ cdef inline void _block_weights(__m512* lo, __m512* hi, const uint8_t* block, bi
     cdef __m512 d = _mm512_set1_ps(_block_d(block))
     cdef const int8_t* q = <const int8_t*> (block + 2)
     if q5_0:
-        _q5_0_levels_f32(lo, hi, block)
-        lo[0] = _mm512_mul_ps(lo[0], d)
-        hi[0] = _mm512_mul_ps(hi[0], d)
+        _q5_0_weights(lo, hi, block, d)
     else:
         lo[0] = _mm512_mul_ps(_widen16(q), d)
         hi[0] = _mm512_mul_ps(_widen16(q + 16), d)
