@@ -349,15 +349,18 @@ cdef inline void _group_step_4x4(__m512* acc, const float* w0, const float* w1, 
 
 
 cdef void _affine_group_4x4(__m512* part, const float* w, Py_ssize_t w_stride, const float* x,
-                            Py_ssize_t x_stride, Py_ssize_t j, Py_ssize_t end, Py_ssize_t step) noexcept nogil:
+                            Py_ssize_t x_stride, Py_ssize_t j, Py_ssize_t end, Py_ssize_t step,
+                            float* out, Py_ssize_t out_stride) noexcept nogil:
     """part[4 r + t] = the 16 lanes of k_dot_affine's accumulator g for row r
     (w + r * w_stride) and position t (x + t * x_stride), rows and positions
     0..3: the 16 values at j, j + step, ... below end, which are the groups
     g, g + 2, ... in order, in place (j = 16 g, step 32) or group-major
     (step 16). In a function of its own,
     so that its 16 accumulators and the four weight vectors are all gcc has
-    to keep in registers."""
+    to keep in registers. With out, part holds accumulator 0's lanes and
+    the tile's sums go to out (as _affine_group_4x6 writes them)."""
     cdef __m512 acc[16]
+    cdef float sums[16]
     cdef Py_ssize_t i
     cdef const float* w1 = w + w_stride
     cdef const float* w2 = w + 2 * w_stride
@@ -370,16 +373,28 @@ cdef void _affine_group_4x4(__m512* part, const float* w, Py_ssize_t w_stride, c
     while j < end:
         _group_step_4x4(acc, w, w1, w2, w3, x, x1, x2, x3, j)
         j += step
+    if out == NULL:
+        for i in range(16):
+            part[i] = acc[i]
+        return
     for i in range(16):
-        part[i] = acc[i]
+        acc[i] = _mm512_add_ps(part[i], acc[i])
+    _sum16x8(sums, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7])
+    _sum16x8(sums + 8, acc[8], acc[9], acc[10], acc[11], acc[12], acc[13], acc[14], acc[15])
+    for i in range(16):
+        out[(i % 4) * out_stride + i // 4] = sums[i]
 
 
 cdef void _affine_group_4x6(__m512* part, const float* w, Py_ssize_t w_stride, const float* x,
-                            Py_ssize_t x_stride, Py_ssize_t j, Py_ssize_t end, Py_ssize_t step) noexcept nogil:
+                            Py_ssize_t x_stride, Py_ssize_t j, Py_ssize_t end, Py_ssize_t step,
+                            float* out, Py_ssize_t out_stride) noexcept nogil:
     """_affine_group_4x4 for rows 0..3 and positions 0..5: part[6 r + t]. 24
     accumulators, four weight vectors and one activation vector: 29 of the
     32 registers; each step loads 10 vectors for 24 FMAs (the 4 x 4 tile:
-    8 for 16)."""
+    8 for 16). With out (the second accumulator's pass), part holds the
+    first's, and out[t * out_stride + r] = the GEMV's sum of the two:
+    a0 + a1, its lanes by _sum16x8 (the bits of _sum16), straight from the
+    registers (no stores of this pass's accumulators and loads back)."""
     cdef __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0
     cdef __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0
     cdef __m512 c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0
@@ -410,26 +425,24 @@ cdef void _affine_group_4x6(__m512* part, const float* w, Py_ssize_t w_stride, c
         a5 = _mm512_fmadd_ps(wa, xv, a5); b5 = _mm512_fmadd_ps(wb, xv, b5)
         c5 = _mm512_fmadd_ps(wc, xv, c5); d5 = _mm512_fmadd_ps(wd, xv, d5)
         j += step
-    part[0] = a0; part[1] = a1; part[2] = a2; part[3] = a3; part[4] = a4; part[5] = a5
-    part[6] = b0; part[7] = b1; part[8] = b2; part[9] = b3; part[10] = b4; part[11] = b5
-    part[12] = c0; part[13] = c1; part[14] = c2; part[15] = c3; part[16] = c4; part[17] = c5
-    part[18] = d0; part[19] = d1; part[20] = d2; part[21] = d3; part[22] = d4; part[23] = d5
-
-
-cdef inline void _tile_sums(float* out, Py_ssize_t out_stride, __m512 (*part)[24], Py_ssize_t n_pos,
-                            Py_ssize_t n) noexcept nogil:
-    """out[t * out_stride + r] = the GEMV's sum of the two accumulators of
-    row r and position t, part[g][n_pos * r + t]: a0 + a1, its lanes by
-    _sum16x8 (the bits of _sum16), for the n = 4 n_pos outputs."""
-    cdef __m512 v[24]
+    if out == NULL:
+        part[0] = a0; part[1] = a1; part[2] = a2; part[3] = a3; part[4] = a4; part[5] = a5
+        part[6] = b0; part[7] = b1; part[8] = b2; part[9] = b3; part[10] = b4; part[11] = b5
+        part[12] = c0; part[13] = c1; part[14] = c2; part[15] = c3; part[16] = c4; part[17] = c5
+        part[18] = d0; part[19] = d1; part[20] = d2; part[21] = d3; part[22] = d4; part[23] = d5
+        return
     cdef float sums[24]
-    cdef Py_ssize_t i
-    for i in range(n):
-        v[i] = _mm512_add_ps(part[0][i], part[1][i])
-    for i in range(0, n, 8):
-        _sum16x8(sums + i, v[i], v[i + 1], v[i + 2], v[i + 3], v[i + 4], v[i + 5], v[i + 6], v[i + 7])
-    for i in range(n):
-        out[(i % n_pos) * out_stride + i // n_pos] = sums[i]
+    _sum16x8(sums, _mm512_add_ps(part[0], a0), _mm512_add_ps(part[1], a1), _mm512_add_ps(part[2], a2),
+             _mm512_add_ps(part[3], a3), _mm512_add_ps(part[4], a4), _mm512_add_ps(part[5], a5),
+             _mm512_add_ps(part[6], b0), _mm512_add_ps(part[7], b1))
+    _sum16x8(sums + 8, _mm512_add_ps(part[8], b2), _mm512_add_ps(part[9], b3), _mm512_add_ps(part[10], b4),
+             _mm512_add_ps(part[11], b5), _mm512_add_ps(part[12], c0), _mm512_add_ps(part[13], c1),
+             _mm512_add_ps(part[14], c2), _mm512_add_ps(part[15], c3))
+    _sum16x8(sums + 16, _mm512_add_ps(part[16], c4), _mm512_add_ps(part[17], c5), _mm512_add_ps(part[18], d0),
+             _mm512_add_ps(part[19], d1), _mm512_add_ps(part[20], d2), _mm512_add_ps(part[21], d3),
+             _mm512_add_ps(part[22], d4), _mm512_add_ps(part[23], d5))
+    for j in range(24):
+        out[(j % 6) * out_stride + j // 6] = sums[j]
 
 
 cdef void _affine_4x6(float* out, Py_ssize_t out_stride, const float* w, Py_ssize_t w_stride, const float* x,
@@ -439,22 +452,18 @@ cdef void _affine_4x6(float* out, Py_ssize_t out_stride, const float* w, Py_ssiz
     w + r * w_stride) with position t (x + t * x_stride), rows 0..3,
     positions 0..5; accumulator g's values at first[g], first[g] + step, ...
     below end[g] (see _gemm)."""
-    cdef __m512 part[2][24]  # (g, 6 r + t)
-    cdef Py_ssize_t g
-    for g in range(2):
-        _affine_group_4x6(part[g], w, w_stride, x, x_stride, first[g], end[g], step)
-    _tile_sums(out, out_stride, part, 6, 24)
+    cdef __m512 part[24]  # accumulator 0's (6 r + t)
+    _affine_group_4x6(part, w, w_stride, x, x_stride, first[0], end[0], step, NULL, 0)
+    _affine_group_4x6(part, w, w_stride, x, x_stride, first[1], end[1], step, out, out_stride)
 
 
 cdef void _affine_4x4(float* out, Py_ssize_t out_stride, const float* w, Py_ssize_t w_stride, const float* x,
                       Py_ssize_t x_stride, const Py_ssize_t* first, const Py_ssize_t* end,
                       Py_ssize_t step) noexcept nogil:
     """_affine_4x6 for positions 0..3."""
-    cdef __m512 part[2][24]  # (g, 4 r + t): the first 16
-    cdef Py_ssize_t g
-    for g in range(2):
-        _affine_group_4x4(part[g], w, w_stride, x, x_stride, first[g], end[g], step)
-    _tile_sums(out, out_stride, part, 4, 16)
+    cdef __m512 part[16]  # accumulator 0's (4 r + t)
+    _affine_group_4x4(part, w, w_stride, x, x_stride, first[0], end[0], step, NULL, 0)
+    _affine_group_4x4(part, w, w_stride, x, x_stride, first[1], end[1], step, out, out_stride)
 
 
 cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_tokens,
