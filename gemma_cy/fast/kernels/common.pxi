@@ -472,7 +472,8 @@ cdef void k_gemv_q4_k(float* out, const QMatrix* w, const float* x) noexcept nog
         out[r] = k_dot_q4_k(w.blocks + r * nb * Q4_K_BYTES, w.ab + r * nb * 16, x, w.cols)
 
 
-cdef void k_gemv_q5_0(float* out, const QMatrix* w, const float* x) noexcept nogil:
+cdef void _gemv_q5_0_rows(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    """The GEMV of a Q5_0 matrix one row at a time (k_dot_q5_0 each), prefetching ahead."""
     cdef Py_ssize_t r, nb = w.cols // Q8_0_BLOCK
     for r in range(w.rows):
         _prefetch_row(w.blocks + r * nb * Q5_0_BYTES, nb * Q5_0_BYTES)
@@ -504,7 +505,7 @@ cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
     elif w.layout == QLAYOUT_Q4_K:
         k_gemv_q4_k(out, w, x)
     elif w.layout == QLAYOUT_Q5_0:
-        k_gemv_q5_0(out, w, x)
+        _gemv_q5_0(out, w, x)  # each module's own (dot_<isa>.pxi)
     elif w.layout == QLAYOUT_Q4_1:
         _gemv_q4_1(out, w, x)  # each module's own (dot_<isa>.pxi)
 

@@ -399,6 +399,10 @@ cdef float _dot_q4_1(const uint8_t* row, const float* x, Py_ssize_t n_blocks) no
     return _acc_sum(acc)
 
 
+cdef void _gemv_q5_0(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    _gemv_q5_0_rows(out, w, x)  # (common.pxi)
+
+
 cdef void _gemv_q4_1(float* out, const QMatrix* w, const float* x) noexcept nogil:
     """k_matvec of a Q4_1 matrix: _dot_q4_1 row after row, prefetching ahead."""
     cdef Py_ssize_t r, nb = w.cols // Q8_0_BLOCK, row_bytes = nb * Q4_1_BYTES

@@ -147,21 +147,46 @@ cdef inline void _block_step(__m512* lo, __m512* hi, const uint8_t* block, const
     hi[0] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), hi[0])
 
 
-cdef inline float _dot_blocks(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks,
-                              bint q5_0) noexcept nogil:
-    """k_dot_q8_0 (q5_0 False) or k_dot_q5_0: one loop for both layouts."""
+cdef inline __m512 _blocks_lanes(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks,
+                                 bint q5_0) noexcept nogil:
+    """The 16 lanes k_dot_q8_0 (q5_0 False) or k_dot_q5_0 sums: acc0 + acc1."""
     cdef __m512 acc[2]
     cdef const uint8_t* b = blocks
     cdef Py_ssize_t k, size = Q5_0_BYTES if q5_0 else Q8_0_BYTES
-    cdef float lanes[16]
     acc[0] = _mm512_setzero_ps()
     acc[1] = acc[0]
     for k in range(n_blocks):
         _block_step(&acc[0], &acc[1], b, x, q5_0)
         b += size
         x += Q8_0_BLOCK
-    _mm512_storeu_ps(lanes, _mm512_add_ps(acc[0], acc[1]))
-    return _sum8(lanes) + _sum8(lanes + 8)
+    return _mm512_add_ps(acc[0], acc[1])
+
+
+cdef inline float _dot_blocks(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks,
+                              bint q5_0) noexcept nogil:
+    """k_dot_q8_0 (q5_0 False) or k_dot_q5_0: one loop for both layouts."""
+    return _sum16(_blocks_lanes(blocks, x, n_blocks, q5_0))
+
+
+cdef inline void _gemv_blocks(float* out, const uint8_t* blocks, const float* x, Py_ssize_t rows,
+                              Py_ssize_t n_blocks, bint q5_0) noexcept nogil:
+    """The GEMV of a Q8_0 (q5_0 False) or Q5_0 matrix, row after row, each
+    row's lanes (_blocks_lanes) kept until eight are summed at once by
+    _sum16x8 (the bits of _sum16: k_dot_q8_0's, k_dot_q5_0's), whose 15
+    shuffles replace each row's own ~16 of _sum16 (a fifth of the lm_head's
+    samples); the last rows one at a time. Hints GEMV_PREFETCH_ROWS ahead."""
+    cdef Py_ssize_t row_bytes = n_blocks * (Q5_0_BYTES if q5_0 else Q8_0_BYTES), r = 0, i
+    cdef __m512 v[8]
+    while r + 8 <= rows:
+        for i in range(8):
+            _prefetch_row(blocks + (r + i) * row_bytes, row_bytes)
+            v[i] = _blocks_lanes(blocks + (r + i) * row_bytes, x, n_blocks, q5_0)
+        _sum16x8(out + r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
+        r += 8
+    while r < rows:
+        _prefetch_row(blocks + r * row_bytes, row_bytes)
+        out[r] = _dot_blocks(blocks + r * row_bytes, x, n_blocks, q5_0)
+        r += 1
 
 
 cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
@@ -174,7 +199,11 @@ cdef float k_dot_q5_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks
 
 cdef void k_gemv_q8_0(float* out, const uint8_t* blocks, const float* x,
                       Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil:
-    _gemv_q8_0_rows(out, blocks, x, rows, n_blocks)
+    _gemv_blocks(out, blocks, x, rows, n_blocks, False)
+
+
+cdef void _gemv_q5_0(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    _gemv_blocks(out, w.blocks, x, w.rows, w.cols // Q8_0_BLOCK, True)
 
 
 # _gemm (prefill) of a Q8_0, Q5_0, Q4_K or Q4_1 matrix as stored, or an

@@ -161,6 +161,10 @@ cdef inline bint _gemm_takes_q4_1() noexcept nogil:
     return False
 
 
+cdef void _gemv_q5_0(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    _gemv_q5_0_rows(out, w, x)  # (common.pxi)
+
+
 cdef void _gemv_q4_1(float* out, const QMatrix* w, const float* x) noexcept nogil:
     """k_matvec of a Q4_1 matrix: a tile of rows at a time as records, then
     their GEMV (_gemm_converted; no Q4_1 dot product of this module's own)."""
