@@ -283,6 +283,12 @@ cdef float k_dot_affine_q8(const uint8_t* rec, const int8_t* xq, const float* xd
 
 cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize_t rows, Py_ssize_t cols,
                         Py_ssize_t sub, bint has_offset) noexcept nogil:
+    _gemv_affine(out, rec, x, rows, cols, sub, has_offset)  # each module's own (dot_<isa>.pxi)
+
+
+cdef void _gemv_affine_rows(float* out, const uint8_t* rec, const float* x, Py_ssize_t rows, Py_ssize_t cols,
+                            Py_ssize_t sub, bint has_offset) noexcept nogil:
+    """k_gemv_affine one row at a time (k_dot_affine each), prefetching ahead."""
     cdef Py_ssize_t r, row_bytes = cols // sub * (sub + 4 + (4 if has_offset else 0))
     for r in range(rows):
         _prefetch_row(rec + r * row_bytes, row_bytes)
@@ -465,7 +471,8 @@ cdef void _gemm_converted(float* out, const QMatrix* w, const float* x, const in
         r0 += n
 
 
-cdef void k_gemv_q4_k(float* out, const QMatrix* w, const float* x) noexcept nogil:
+cdef void _gemv_q4_k_rows(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    """The GEMV of a Q4_K matrix one row at a time (k_dot_q4_k each), prefetching ahead."""
     cdef Py_ssize_t r, nb = w.cols // Q4_K_BLOCK
     for r in range(w.rows):
         _prefetch_row(w.blocks + r * nb * Q4_K_BYTES, nb * Q4_K_BYTES)
@@ -503,7 +510,7 @@ cdef void k_matvec(float* out, const QMatrix* w, const float* x) noexcept nogil:
     elif w.layout == QLAYOUT_F32:
         _gemv_f32_rows(out, w.w32, x, w.rows, w.cols)
     elif w.layout == QLAYOUT_Q4_K:
-        k_gemv_q4_k(out, w, x)
+        _gemv_q4_k(out, w, x)  # each module's own (dot_<isa>.pxi)
     elif w.layout == QLAYOUT_Q5_0:
         _gemv_q5_0(out, w, x)  # each module's own (dot_<isa>.pxi)
     elif w.layout == QLAYOUT_Q4_1:

@@ -955,18 +955,40 @@ cdef inline const uint8_t* _affine32(__m512* lo, __m512* hi, const uint8_t* rec,
     return rec + rb
 
 
-cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
-                        bint has_offset) noexcept nogil:
+cdef inline __m512 _affine_lanes(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
+                                 bint has_offset) noexcept nogil:
+    """The 16 lanes k_dot_affine sums: acc0 + acc1."""
     cdef __m512 acc[2]
     cdef Py_ssize_t k, nb = cols // 32, rb = sub + 4 + (4 if has_offset else 0)
-    cdef float lanes[16]
     acc[0] = _mm512_setzero_ps()
     acc[1] = acc[0]
     for k in range(nb):
         rec = _affine32(&acc[0], &acc[1], rec, x, sub, has_offset, rb)
         x += 32
-    _mm512_storeu_ps(lanes, _mm512_add_ps(acc[0], acc[1]))
-    return _sum8(lanes) + _sum8(lanes + 8)
+    return _mm512_add_ps(acc[0], acc[1])
+
+
+cdef float k_dot_affine(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
+                        bint has_offset) noexcept nogil:
+    return _sum16(_affine_lanes(rec, x, cols, sub, has_offset))
+
+
+cdef void _gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize_t rows, Py_ssize_t cols,
+                       Py_ssize_t sub, bint has_offset) noexcept nogil:
+    """k_gemv_affine as _gemv_blocks runs Q8_0 rows: one row after the other,
+    eight rows' lanes summed at once by _sum16x8 (k_dot_affine's bits)."""
+    cdef Py_ssize_t row_bytes = cols // sub * (sub + 4 + (4 if has_offset else 0)), r = 0, i
+    cdef __m512 v[8]
+    while r + 8 <= rows:
+        for i in range(8):
+            _prefetch_row(rec + (r + i) * row_bytes, row_bytes)
+            v[i] = _affine_lanes(rec + (r + i) * row_bytes, x, cols, sub, has_offset)
+        _sum16x8(out + r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
+        r += 8
+    while r < rows:
+        _prefetch_row(rec + r * row_bytes, row_bytes)
+        out[r] = k_dot_affine(rec + r * row_bytes, x, cols, sub, has_offset)
+        r += 1
 
 
 cdef inline __m512 _q4_k16(__m512i levels, __m512 a, __m512 b) noexcept nogil:
@@ -992,7 +1014,8 @@ cdef inline void _q4_k_weights(__m512* v, const uint8_t* row, const float* ab, P
     v[3] = _q4_k16(_mm512_srli_epi32(b1, 4), a_hi, b_hi)
 
 
-cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
+cdef inline __m512 _q4_k_lanes(const uint8_t* row, const float* ab, const float* x,
+                               Py_ssize_t cols) noexcept nogil:
     # k_dot_affine's order with the levels unpacked in registers: sub-block
     # 2 j is the low nibbles of 32 bytes, sub-block 2 j + 1 their high
     # nibbles; each sub-block's values 0-15 into acc[0], 16-31 into acc[1]
@@ -1000,7 +1023,6 @@ cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ss
     cdef __m512 v[4]
     cdef __m512i m15 = _mm512_set1_epi32(15)
     cdef Py_ssize_t j, n = cols // 64  # pairs of sub-blocks
-    cdef float lanes[16]
     acc[0] = _mm512_setzero_ps()
     acc[1] = acc[0]
     for j in range(n):
@@ -1011,8 +1033,28 @@ cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ss
         acc[1] = _mm512_fmadd_ps(v[3], _mm512_loadu_ps(x + 48), acc[1])
         ab += 4
         x += 64
-    _mm512_storeu_ps(lanes, _mm512_add_ps(acc[0], acc[1]))
-    return _sum8(lanes) + _sum8(lanes + 8)
+    return _mm512_add_ps(acc[0], acc[1])
+
+
+cdef float k_dot_q4_k(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
+    return _sum16(_q4_k_lanes(row, ab, x, cols))
+
+
+cdef void _gemv_q4_k(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    """The GEMV of a Q4_K matrix as _gemv_blocks runs Q8_0 rows: row after row,
+    eight rows' lanes summed at once by _sum16x8 (k_dot_q4_k's bits)."""
+    cdef Py_ssize_t nb = w.cols // Q4_K_BLOCK, row_bytes = nb * Q4_K_BYTES, r = 0, i
+    cdef __m512 v[8]
+    while r + 8 <= w.rows:
+        for i in range(8):
+            _prefetch_row(w.blocks + (r + i) * row_bytes, row_bytes)
+            v[i] = _q4_k_lanes(w.blocks + (r + i) * row_bytes, w.ab + (r + i) * nb * 16, x, w.cols)
+        _sum16x8(out + r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
+        r += 8
+    while r < w.rows:
+        _prefetch_row(w.blocks + r * row_bytes, row_bytes)
+        out[r] = k_dot_q4_k(w.blocks + r * row_bytes, w.ab + r * nb * 16, x, w.cols)
+        r += 1
 
 
 cdef inline void _q4_1_weights(__m512* lo, __m512* hi, const uint8_t* block, __m512i m15) noexcept nogil:

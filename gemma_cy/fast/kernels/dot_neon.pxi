@@ -161,6 +161,15 @@ cdef inline bint _gemm_takes_q4_1() noexcept nogil:
     return False
 
 
+cdef void _gemv_q4_k(float* out, const QMatrix* w, const float* x) noexcept nogil:
+    _gemv_q4_k_rows(out, w, x)  # (common.pxi)
+
+
+cdef void _gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize_t rows, Py_ssize_t cols,
+                       Py_ssize_t sub, bint has_offset) noexcept nogil:
+    _gemv_affine_rows(out, rec, x, rows, cols, sub, has_offset)  # (common.pxi)
+
+
 cdef void _gemv_q5_0(float* out, const QMatrix* w, const float* x) noexcept nogil:
     _gemv_q5_0_rows(out, w, x)  # (common.pxi)
 
