@@ -21,9 +21,9 @@
 # ones (16-31); the lanes whose h is 0 (qh as a lane mask) add -16 d, and
 # f32(n d) + (-16 d) is exact too (the sum (n - 16) d has 15 bits). So every
 # weight is f32(level) * f32(d), as a Q8_0 block's, and a Q5_0 matrix gives
-# its Q8_0 conversion's bits. (This form keeps the one 512-bit multiply unit
-# to two multiplies per block and the FMAs: a 32-entry table looked up by a
-# 5-bit index built from qh took two more of its slots per block.)
+# its Q8_0 conversion's bits. The form keeps per-lane rotates off the one
+# 512-bit multiply unit the multiplies and FMAs need (scripts/probe_units.c,
+# docs/benchmarks.md#history).
 
 from libc.math cimport fmaf
 
@@ -172,9 +172,10 @@ cdef inline void _gemv_blocks(float* out, const uint8_t* blocks, const float* x,
                               Py_ssize_t n_blocks, bint q5_0) noexcept nogil:
     """The GEMV of a Q8_0 (q5_0 False) or Q5_0 matrix, row after row, each
     row's lanes (_blocks_lanes) kept until eight are summed at once by
-    _sum16x8 (the bits of _sum16: k_dot_q8_0's, k_dot_q5_0's), whose 15
-    shuffles replace each row's own ~16 of _sum16 (a fifth of the lm_head's
-    samples); the last rows one at a time. Hints GEMV_PREFETCH_ROWS ahead."""
+    _sum16x8 (the bits of _sum16: k_dot_q8_0's, k_dot_q5_0's: 15 shuffles
+    for eight rows rather than ~16 for each); the last rows one at a time.
+    Rows stay one after the other: read side by side from DRAM they stream
+    far slower (docs/benchmarks.md#history). Hints GEMV_PREFETCH_ROWS ahead."""
     cdef Py_ssize_t row_bytes = n_blocks * (Q5_0_BYTES if q5_0 else Q8_0_BYTES), r = 0, i
     cdef __m512 v[8]
     while r + 8 <= rows:
