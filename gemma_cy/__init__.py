@@ -11,9 +11,9 @@ from .errors import (ContextLengthError, GemmaCyError, GenerationStateError, Mod
                      NumericalError, ParameterError, TemplateError, TokenIndexError)
 
 _LAZY = {"load": "api", "Model": "api", "Completion": "api", "Generation": "generation.generator",
-         "Step": "generation.generator"}
+         "Step": "generation.generator", "SplitMix64": "generation.sampling"}
 
-__all__ = ["load", "Model", "ModelConfig", "Generation", "Step", "Completion", "GemmaCyError",
+__all__ = ["load", "Model", "ModelConfig", "Generation", "Step", "Completion", "SplitMix64", "GemmaCyError",
            "ModelFormatError", "ParameterError", "ContextLengthError", "TokenIndexError",
            "NumericalError", "GenerationStateError", "TemplateError", "__version__"]
 

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Sequence
 
@@ -21,7 +22,7 @@ from .errors import ModelFormatError, ParameterError, TokenIndexError
 from .formats.gguf_model import read_gguf
 from .formats.gmw import read_gmw
 from .formats.mapped import check_regular, return_freed_heap
-from .formats.llama2c import is_llama2c_checkpoint, read_llama2c
+from .formats.llama2c import V2_MAGIC_BYTES, is_llama2c_checkpoint, read_llama2c
 from .tokenizers.llama2c import Llama2cTokenizer
 from .generation.evaluation import Evaluation, check_ctx, evaluate
 from .generation.generator import Completion, Generation, Observer
@@ -42,6 +43,22 @@ def read_magic(path: str) -> bytes:
         raise ModelFormatError(f"{path}: cannot read ({e.strerror})") from None
 
 
+@contextlib.contextmanager
+def _taken_for(path: str, magic: bytes, what: str, guessed: bool, magics: str):
+    """A file read as ``what`` without a magic saying so (``guessed``: by
+    its name or sizes): its format error says which format it was taken
+    for, so that a file of no known format is not reported as a broken
+    llama2.c file."""
+    try:
+        yield
+    except ModelFormatError as e:
+        if not guessed:
+            raise
+        detail = str(e).removeprefix(f"{path}: ")
+        raise ModelFormatError(f"{path}: unknown format: magic {magic!r} is not {magics}; read as a "
+                               f"magic-less {what}, it fails: {detail}") from None
+
+
 def open_weights(path: str) -> Weights:
     """Read a weights file, choosing the format by its magic bytes."""
     magic = read_magic(path)
@@ -50,7 +67,9 @@ def open_weights(path: str) -> Weights:
     if magic == b"GGUF":
         return read_gguf(path)
     if is_llama2c_checkpoint(path):  # the v2 magic, a ".bin" name, or a legacy header fitting the size
-        return read_llama2c(path)
+        with _taken_for(path, magic, "legacy llama2.c checkpoint", magic != V2_MAGIC_BYTES,
+                        "GMW1's, GGUF's or llama2.c v2's"):
+            return read_llama2c(path)
     raise ModelFormatError(f"{path}: unknown weights format (magic {magic!r}; supported: GMW1, GGUF, "
                            f"llama2.c .bin)")
 
@@ -66,7 +85,8 @@ def open_tokenizer(path: str):
         from .formats.gguf_reader import parse_gguf
         return tokenizer_from_gguf(parse_gguf(path))
     if path.endswith(".bin"):  # llama2.c's tokenizer.bin has no magic
-        return Llama2cTokenizer.from_file(path)
+        with _taken_for(path, magic, "llama2.c tokenizer.bin", True, "GMT1's or GGUF's"):
+            return Llama2cTokenizer.from_file(path)
     raise ModelFormatError(f"{path}: unknown tokenizer format (magic {magic!r}; supported: GMT1, GGUF, "
                            f"llama2.c tokenizer.bin)")
 
@@ -216,11 +236,11 @@ class Model:
 
     def _generation(self, ids: list[int], *, max_tokens=None, n_dec=None, temperature=DEFAULT_TEMPERATURE,
                     top_k=0, top_p=1.0, min_p=DEFAULT_MIN_P, repeat_penalty=1.0, presence_penalty=0.0,
-                    frequency_penalty=0.0, repeat_last_n=DEFAULT_REPEAT_LAST_N, seed=0, stop=None,
+                    frequency_penalty=0.0, repeat_last_n=DEFAULT_REPEAT_LAST_N, seed=0, rng=None, stop=None,
                     logits_processor=None, accept_token=None, observer=None,
                     terminate_on_eos=True) -> Generation:
         """A Generation of ``ids`` from the engine's current position."""
-        sampler = Sampler(temperature=temperature, min_p=min_p, top_k=top_k, top_p=top_p, seed=seed)
+        sampler = Sampler(temperature=temperature, min_p=min_p, top_k=top_k, top_p=top_p, seed=seed, rng=rng)
         penalties = Penalties(repeat_penalty, presence_penalty, frequency_penalty, repeat_last_n)
         return Generation(self.engine, self.tokenizer, sampler, ids, _max_tokens(max_tokens, n_dec),
                           stop_ids=self.stop_ids if terminate_on_eos else frozenset(), observer=observer,
@@ -238,7 +258,10 @@ class Model:
         ``top_k`` (0 = off), ``top_p`` (1 = off), ``min_p`` (0.05),
         ``repeat_penalty`` (1 = off), ``presence_penalty`` and
         ``frequency_penalty`` (0 = off) over the last ``repeat_last_n`` (64)
-        ids, ``seed`` (0), ``stop`` (strings that end the text, never
+        ids, ``seed`` (0), ``rng`` (a ``SplitMix64`` stream to draw from
+        and advance instead of a new one from ``seed``: pass one stream to
+        every turn of a chat so that turns do not repeat one another's
+        draws), ``stop`` (strings that end the text, never
         shown), ``logits_processor`` (``f(ids, logits) -> logits``, or a
         list of them: ids is the context so far, logits a writable f32
         copy), ``accept_token`` (``f(id) -> bool``: False ends the

@@ -46,7 +46,8 @@ def test_streams_text_and_prints_stats(tiny_model_path):
     tok = GreedyTokenizer(read_gmt(str(tiny_model_path) + ".tok"))
     assert len(out["generated_ids"]) == 12
     assert out["text"] == tok.decode(out["generated_ids"])
-    assert result.stdout in (out["text"], out["text"] + "\n")  # a final newline, if any, is the CLI's
+    # the stream ends its line: `gemma-cy ... > file` holds whole lines
+    assert result.stdout == (out["text"] if out["text"].endswith("\n") else out["text"] + "\n")
     assert "prefill:" in result.stderr and "decode:" in result.stderr and "tok/s" in result.stderr
 
 
@@ -171,6 +172,23 @@ def test_bad_paths_are_one_line_errors(tmp_path, tiny_model_path):
     assert_one_line_error(cli("--weights", str(tmp_path)), "directory")
     assert_one_line_error(cli("--weights", str(tiny_model_path), "--tok_path", str(tmp_path / "nope.tok")), "nope.tok")
     assert_one_line_error(cli("--weights", str(tiny_model_path) + ".tok"), "format")
+
+
+@pytest.mark.parametrize("name", ["random.bin", "random.dat"])
+def test_a_file_of_no_known_format_says_what_it_was_taken_for(tmp_path, tiny_model_path, name):
+    """Random bytes: no magic matches, so the error says so and, when the
+    file's name made it a llama2.c candidate (a format without a magic),
+    that it was read as one, instead of a bare field error of that format."""
+    path = tmp_path / name
+    path.write_bytes(np.random.default_rng(1).integers(0, 256, 1024, dtype=np.uint8).tobytes())
+    as_weights = cli("--weights", str(path), "-p", "hi", "-n", "1")
+    as_tokenizer = cli("--weights", str(tiny_model_path), "--tok_path", str(path), "-p", "hi", "-n", "1")
+    if name.endswith(".bin"):
+        assert_one_line_error(as_weights, "unknown format", "GGUF", "legacy llama2.c checkpoint", code=1)
+        assert_one_line_error(as_tokenizer, "unknown format", "GMT1", "llama2.c tokenizer.bin", code=1)
+    else:
+        assert_one_line_error(as_weights, "unknown weights format", "supported: GMW1, GGUF", code=1)
+        assert_one_line_error(as_tokenizer, "unknown tokenizer format", code=1)
 
 
 @pytest.mark.parametrize("text, value", [("250", 250), ("-1", -1), ("+3", 3), ("1_000", 1000), (" 7 ", 7)])

@@ -189,3 +189,47 @@ def test_repl_line_editing_empty_lines_and_turns(tiny_model_path, model, tmp_pat
     assert reply2.replace("\n", "\r\n").encode() in rest
     assert first.count(b"prefill:") == 1 and rest.count(b"prefill:") == 1  # the empty lines made no turn
     assert b"hello" in (tmp_path / "gemma-cy" / "chat_history").read_bytes()  # history kept for the next run
+
+
+def test_chat_turns_draw_on_from_one_stream(tiny_model_path, model):
+    """Each turn of the interactive chat continues the session's random
+    stream instead of restarting it at the seed: the same question twice gets
+    two draws, each what Model.chat gives with the stream so far; the same
+    --seed replays the whole session."""
+    import io
+
+    from gemma_cy.commands.cli import build_parser, chat_loop
+    from gemma_cy.generation.sampling import SplitMix64
+
+    args = build_parser().parse_args(["--n_dec", "8", "--temp", "1.5", "--minp", "0", "--terminate_on_eos", "0",
+                                      "--seed", "11"])
+
+    def session() -> str:
+        lines = iter(["hello", "hello"])
+
+        def read_line(prompt):
+            try:
+                return next(lines)
+            except StopIteration:
+                raise EOFError from None
+        out = io.StringIO()
+        assert chat_loop(model, args, read_line=read_line, out=out) == 0
+        return out.getvalue()
+
+    transcript = session()
+    rng = SplitMix64(11)
+    kw = dict(max_tokens=8, temperature=1.5, min_p=0, terminate_on_eos=False)
+    messages = [{"role": "user", "content": "hello"}]
+    want1 = model.chat_complete(messages, rng=rng, **kw).text
+    messages += [{"role": "assistant", "content": want1}, {"role": "user", "content": "hello"}]
+    want2 = model.chat_complete(messages, rng=rng, **kw).text
+    restarted = model.chat_complete(messages, seed=11, **kw).text  # what a turn drew when it restarted the stream
+    assert transcript == f"{want1}\n{want2}\n\n"  # each reply ends its line; EOF ends the last
+    assert want2 != restarted
+    assert session() == transcript  # --seed replays the session
+
+
+def test_rng_must_be_a_stream(model):
+    from gemma_cy.errors import ParameterError
+    with pytest.raises(ParameterError, match="rng must be"):
+        model.generate("a", rng=7)

@@ -226,3 +226,94 @@ def test_plot_draws_or_names_the_extra_to_install(tiny_model_path, tmp_path):
         return
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------ every flag checked before any work
+
+
+def a_text(tmp_path, words: int = 400):
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"word{i % 97} and more" for i in range(words)), encoding="utf-8")
+    return str(text)
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--plot", "{tmp}/out.png"], "--plot draws the comparison with a baseline"),  # no baseline
+    (["--against_activations", "q8", "--plot", "{tmp}/no/such/dir/out.png"], "no directory"),
+    (["--against_activations", "q8", "--plot", "{tmp}/out.notaformat"], "format matplotlib writes"),
+    (["--ctx", "63"], "--ctx = 63"),
+    (["--against_activations", "q8", "--per_layer", "--per_layer_positions", "0"], "--per_layer_positions"),
+])
+def test_bad_eval_flags_fail_before_the_model_loads(tiny_model_path, tmp_path, extra, needle):
+    """A usage error (exit 2) naming the flag, before any work: with a
+    weights path that does not exist, the flag is what is reported."""
+    pytest.importorskip("matplotlib", reason="the --plot checks need the optional extra (make test installs it)")
+    extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
+    out = cli("eval", "--weights", str(tmp_path / "not-loaded.gguf"), "--text", a_text(tmp_path), *extra)
+    assert_one_line_error(out, needle, code=2)
+    assert out.stdout == ""
+
+
+def test_eval_refuses_text_that_is_not_utf8(tiny_model_path, tmp_path):
+    binary = tmp_path / "random.bin"
+    binary.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    out = cli("eval", "--weights", str(tiny_model_path), "--text", str(binary), "--ctx", "8")
+    assert_one_line_error(out, "not UTF-8 text", "offset", code=1)
+
+
+def test_plot_says_where_it_wrote_and_names_the_baseline(tiny_model_path, tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs the optional extra (make test installs it)")
+    png = tmp_path / "eval.png"
+    out = cli("eval", "--weights", str(tiny_model_path), "--text", a_text(tmp_path, 600), "--ctx", "64",
+              "--chunks", "1", "--against_activations", "q8", "--per_layer", "--per_layer_positions", "4",
+              "--plot", str(png))
+    assert out.returncode == 0, out.stderr
+    assert f"wrote {png}" in out.stderr and "perplexity" in out.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_plot_that_fails_to_draw_leaves_the_figures_printed(tiny_model_path, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason="--plot needs the optional extra (make test installs it)")
+    from gemma_cy.commands import cli as cli_module, plot
+
+    def fail(*args):
+        raise ParameterError("--plot: drawing failed here")
+    monkeypatch.setattr(plot, "plot_evaluation", fail)
+    code = cli_module.main(["eval", "--weights", str(tiny_model_path), "--text", a_text(tmp_path), "--ctx", "64",
+                            "--chunks", "1", "--against_activations", "q8", "--plot", str(tmp_path / "x.png")])
+    out = capsys.readouterr()
+    assert code == 1 and "drawing failed here" in out.err
+    assert "KL divergence, mean" in out.out
+
+
+def test_per_layer_plot_has_whole_layer_ticks_one_colour_per_op_and_names_the_baseline(model):
+    pytest.importorskip("matplotlib", reason="--plot needs the optional extra (make test installs it)")
+    import matplotlib.pyplot as plt
+    from gemma_cy.commands.plot import draw_evaluation
+
+    ev = model.evaluate(text_ids(2 * CTX), ctx=CTX, chunks=1, against="q8", per_layer=True,
+                        per_layer_positions=4)
+    fig = draw_evaluation(ev, "tiny on text")
+    try:
+        kl_ax, layer_ax = fig.axes
+        assert "q8 activations" in kl_ax.get_title() and "q8 activations" in layer_ax.get_title()
+        fig.canvas.draw()
+        ticks = layer_ax.get_xticks()
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+        lines = layer_ax.get_lines()
+        assert len(lines) == len({r["op"] for r in ev.per_layer}) > 10  # more ops than the default colour cycle
+        colours = [tuple(line.get_color()) if not isinstance(line.get_color(), str) else line.get_color()
+                   for line in lines]
+        assert len(set(colours)) == len(colours), colours
+    finally:
+        plt.close(fig)
+
+
+def test_the_table_counts_in_words_and_never_prints_nan(tiny_model_path, tmp_path):
+    out = cli("eval", "--weights", str(tiny_model_path), "--text", a_text(tmp_path), "--ctx", "4", "--chunks", "1",
+              "--against_activations", "q8")
+    assert out.returncode == 0, out.stderr
+    assert "1 chunk of 4; 1 position scored" in out.stdout
+    assert "nan" not in out.stdout.lower() and "no error estimate" in out.stdout
+    two = cli("eval", "--weights", str(tiny_model_path), "--text", a_text(tmp_path), "--ctx", "8", "--chunks", "2")
+    assert "2 chunks of 8; 6 positions scored" in two.stdout and "+/-" in two.stdout

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Sequence
 
-from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES
+from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES, Q8_SPEED
 from ..generation.penalties import DEFAULT_REPEAT_LAST_N
 from ..generation.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE
 from ..errors import GemmaCyError, ParameterError
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help="compute engine")
     p.add_argument("--activations", choices=ACTIVATION_MODES, default="f32",
                    help="f32 (default), or q8: every matrix input quantized to int8 per block of 32, "
-                        "llama.cpp's numerics, opt-in; it costs some fidelity and, on AVX2, is slower than f32")
+                        f"llama.cpp's numerics, opt-in; it costs some fidelity; {Q8_SPEED}")
     p.add_argument("--dump", action="store_true", help="print the config and tensor table, then exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (ids, text, stop reason, speeds) instead of streaming")
@@ -231,14 +231,18 @@ def enable_line_editing():
 def chat_loop(model, args, read_line=input, out=None) -> int:
     """Interactive multi-turn chat in the model's template. The conversation
     is kept as messages; each turn reuses the KV cache of the turns before
-    (Model.chat). Empty lines are ignored. Ctrl-C while the model answers
+    (Model.chat) and samples from one random stream seeded once by --seed,
+    so two turns never replay the same draws and a seed replays a session. Empty lines are ignored. Ctrl-C while the model answers
     returns to the prompt; Ctrl-C (or EOF) at the prompt exits. When the
     context is full the chat starts over (and says so)."""
     out = out or sys.stdout
     sys.stderr.write(f"chat with {model.weights.source} (Ctrl-C stops an answer; Ctrl-C or Ctrl-D at the "
                      f"prompt exits)\n")
+    from ..generation.sampling import SplitMix64
+
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)
+    rng = SplitMix64(args.seed)  # one stream for the session: a turn draws on from where the last stopped
     while True:
         try:
             line = read_line("> ")
@@ -254,7 +258,7 @@ def chat_loop(model, args, read_line=input, out=None) -> int:
         if len(model.chat_ids(messages)) >= model.context_len:
             sys.stderr.write(f"(context of {model.context_len} tokens is full: starting a new chat)\n")
             messages = start + [messages[-1]]
-        gen = model.chat(messages, **sampling_kwargs(args))
+        gen = model.chat(messages, rng=rng, **sampling_kwargs(args))
         try:
             for step in gen:
                 out.write(step.text)
@@ -309,6 +313,8 @@ def run(args) -> int:
                 sys.stdout.flush()
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
+    if not args.json and not gen.text.endswith("\n"):
+        sys.stdout.write("\n")  # the text ends its line: `> file` holds a whole line, the shell prompt a new one
     if args.json:
         json.dump(json_result(ids, gen, args), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
@@ -321,8 +327,9 @@ def build_diff_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="gemma-cy diff",
                       description="Run the fast engine against the NumPy reference: per-layer errors "
                                   "over the prompt, then greedy tokens until the first divergence.")
-    p.add_argument("--weights_path", "--weights", dest="weights", required=True, help="weights file")
-    p.add_argument("--tok_path", help="tokenizer file (default: weights path + '.tok')")
+    p.add_argument("-m", "--weights_path", "--weights", dest="weights",
+                   help="weights file (default: Gemma 3 270M, as its package ships it)")
+    p.add_argument("--tok_path", help="tokenizer file (default: as for gemma-cy)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="prompt text (BOS is added)")
     src.add_argument("--prompt_ids", type=id_list_flag, help="comma-separated token ids instead of text")
@@ -348,6 +355,9 @@ def run_diff(args) -> int:
     names = tuple(args.engines.split(","))
     if len(names) != 2:
         raise UsageError(f"--engines {args.engines!r}: expected two names, e.g. reference,fast")
+    if not args.weights:
+        from ..formats.packaged import default_model_path
+        args.weights = default_model_path()
     model = api.load(args.weights, args.tok_path, engine=names[0], max_cache_len=args.max_cache_len)
     source = args.prompt_ids if args.prompt_ids is not None else os.fsencode(args.prompt)
     ids = model.prompt_ids(source, chat_format=bool(args.chat_format))
@@ -423,22 +433,53 @@ def build_eval_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_eval(args) -> int:
-    """`gemma-cy eval`: the figures on stdout; a progress bar on stderr when it is a terminal."""
-    from .. import api
+def read_text_file(path: str) -> str:
+    """The UTF-8 text of ``path``, or ParameterError in one line: a file
+    that cannot be read, or bytes that are not UTF-8 text (a binary file)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ParameterError(f"--text {path}: cannot read ({e.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ParameterError(f"--text {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                             f"give a text file") from None
 
+
+def check_eval_args(args) -> None:
+    """Every eval flag checked before the model loads or a chunk runs."""
+    has_baseline = bool(args.against or args.against_engine or args.against_activations)
     if args.chunks is not None and args.chunks < 1:
         raise UsageError(f"--chunks = {args.chunks}, must be >= 1")
-    if args.per_layer and not (args.against or args.against_engine or args.against_activations):
+    if args.ctx < 4 or args.ctx % 2:
+        raise UsageError(f"--ctx = {args.ctx}, must be an even integer >= 4")
+    if args.per_layer and not has_baseline:
         raise UsageError("--per_layer needs a baseline: --against, --against_engine or --against_activations")
+    if args.per_layer and not 1 <= args.per_layer_positions <= args.ctx:
+        raise UsageError(f"--per_layer_positions = {args.per_layer_positions}, must be in [1, --ctx {args.ctx}]")
     if args.plot:
-        from .plot import check_matplotlib
-        check_matplotlib()  # one line naming the extra to install, before any work
-    try:
-        with open(args.text, "rb") as f:
-            text = f.read()
-    except OSError as e:
-        raise ParameterError(f"--text {args.text}: cannot read ({e.strerror})") from None
+        from .plot import check_matplotlib, check_plot_path
+        if not has_baseline:
+            raise UsageError("--plot draws the comparison with a baseline: add --against, --against_engine or "
+                             "--against_activations")
+        check_matplotlib()  # one line naming the extra to install (exit 1: the flag itself is fine)
+        try:
+            check_plot_path(args.plot)  # a format matplotlib writes, a directory that takes the file
+        except ParameterError as e:
+            raise UsageError(str(e)) from None
+
+
+def run_eval(args) -> int:
+    """`gemma-cy eval`: the figures on stdout; a progress bar on stderr when
+    it is a terminal; "wrote FILE" on stderr for --plot. Every flag is
+    checked before any work; a plot that fails to draw still leaves the
+    figures printed (and exits 1)."""
+    from .. import api
+
+    check_eval_args(args)
+    text = read_text_file(args.text)
     if not args.weights:
         from ..formats.packaged import default_model_path
         args.weights = default_model_path()
@@ -462,14 +503,16 @@ def run_eval(args) -> int:
     finally:
         if bar is not None:
             bar.close()
-    if args.plot:
-        from .plot import plot_evaluation
-        plot_evaluation(result, args.plot, f"{os.path.basename(args.weights)} on {os.path.basename(args.text)}")
     if args.json:
         json.dump({"weights": args.weights, "text": args.text, **result.as_dict()}, sys.stdout)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(f"{args.weights} on {args.text}\n{result.format()}\n")
+    sys.stdout.flush()
+    if args.plot:
+        from .plot import plot_evaluation
+        plot_evaluation(result, args.plot, f"{os.path.basename(args.weights)} on {os.path.basename(args.text)}")
+        sys.stderr.write(f"wrote {args.plot}\n")
     return EXIT_INTERRUPTED if result.interrupted else 0
 
 

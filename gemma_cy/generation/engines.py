@@ -11,7 +11,13 @@ from ..model.weights import Weights
 
 ENGINES = ("reference", "fast")
 DEFAULT_ENGINE = "fast"
-__all__ = ["ACTIVATION_MODES", "DEFAULT_ENGINE", "ENGINES", "make_engine"]
+# What the q8 mode gains over f32, by SIMD module: `--help` and the README's
+# flag table say these same words (tests/test_readme_shell.py holds them
+# equal). Measured with scripts/bench.py --models gemma3 --parts warm on one
+# Zen 4 core, each module forced by GEMMA_CY_SIMD (docs/benchmarks.md).
+Q8_SPEED = ("prefill ~1.6x faster with AVX-512 VNNI, ~1.2x with AVX2; decode about equal with AVX-512 VNNI, "
+            "~1.6x faster with AVX2: each module on one Zen 4, 2026-12-06")
+__all__ = ["ACTIVATION_MODES", "DEFAULT_ENGINE", "ENGINES", "Q8_SPEED", "make_engine"]
 
 
 def make_engine(name: str, weights: Weights, max_cache_len: int, activations: str = "f32"):

@@ -71,21 +71,22 @@ class Evaluation:
     def format(self) -> str:
         """llama-perplexity's figures as a small table."""
         def ppl(value: float, error: float) -> str:
-            return f"{value:.4f} +/- {error:.4f}" if value < 1e6 else f"{value:.4e} +/- {error:.4e}"
-        lines = [f"{self.text_tokens} tokens; {self.chunks} chunks of {self.ctx}; {self.scored} positions scored"
+            return f"{value:.4f}{pm(error, '.4f')}" if value < 1e6 else f"{value:.4e}{pm(error, '.4e')}"
+        lines = [f"{self.text_tokens} tokens; {plural(self.chunks, 'chunk')} of {self.ctx}; "
+                 f"{plural(self.scored, 'position')} scored"
                  + (" (interrupted: figures so far)" if self.interrupted else ""),
                  f"perplexity                 {ppl(self.perplexity, self.perplexity_error)}"]
         if self.baseline is None:
             return "\n".join(lines)
         lines += [f"baseline ({self.baseline}):",
                   f"  perplexity               {ppl(self.baseline_perplexity, self.baseline_perplexity_error)}",
-                  f"  ln(PPL / PPL_base)       {self.ln_ppl_ratio:.6f} +/- {self.ln_ppl_ratio_error:.6f}",
-                  f"  KL divergence, mean      {self.kl_mean:.6f} +/- {self.kl_mean_error:.6f}",
+                  f"  ln(PPL / PPL_base)       {self.ln_ppl_ratio:.6f}{pm(self.ln_ppl_ratio_error, '.6f')}",
+                  f"  KL divergence, mean      {self.kl_mean:.6f}{pm(self.kl_mean_error, '.6f')}",
                   f"  KL median / 99% / 99.9%  {self.kl_median:.6f} / {self.kl_p99:.6f} / {self.kl_p999:.6f}",
                   f"  KL max                   {self.kl_max:.6f}",
-                  f"  same top-1               {100 * self.same_top1:.2f}% +/- {100 * self.same_top1_error:.2f}%",
+                  f"  same top-1               {100 * self.same_top1:.2f}%{pm(100 * self.same_top1_error, '.2f', '%')}",
                   f"  top-5 overlap            {100 * self.top5_overlap:.2f}%",
-                  f"  mean delta p             {100 * self.mean_delta_p:.4f}% +/- {100 * self.mean_delta_p_error:.4f}%",
+                  f"  mean delta p             {100 * self.mean_delta_p:.4f}%{pm(100 * self.mean_delta_p_error, '.4f', '%')}",
                   f"  RMS delta p              {100 * self.rms_delta_p:.4f}%"]
         if self.per_layer:
             lines += [f"per op, each judged on the same inputs ({self.per_layer[0]['positions']} positions), "
@@ -94,6 +95,16 @@ class Evaluation:
             lines += [f"  {r['layer']:>5} {r['op']:<10} {r['relative_rms']:10.3e} {r['max_error']:10.3e}  "
                       f"{', '.join(r['tensors'])}" for r in self.per_layer]
         return "\n".join(lines)
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def pm(error: float, spec: str, unit: str = "") -> str:
+    """" +/- error" in ``spec``; without an error (one scored position has
+    no spread to estimate it from) a note saying so, never "+/- nan"."""
+    return " (no error estimate from one position)" if math.isnan(error) else f" +/- {error:{spec}}{unit}"
 
 
 def check_ctx(ctx, n_tokens: int, context_len: int) -> int:

@@ -205,6 +205,9 @@ class Sampler:
     top_k: None (off) or an integer >= 0; 0 keeps every token.
     top_p: None (off) or in (0, 1]; 1 keeps every token.
     seed: integer in [0, 2**64) for the SplitMix64 stream ``self.rng``.
+    rng: instead of a new stream from ``seed``, an existing SplitMix64 to
+        draw from (and advance): one stream shared by the turns of a chat
+        continues where the last turn left it.
 
     A bare ``Sampler()`` samples at DEFAULT_TEMPERATURE over the whole
     softmax; the API and CLI add ``min_p=DEFAULT_MIN_P``.
@@ -217,6 +220,7 @@ class Sampler:
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int = 0,
+        rng: SplitMix64 | None = None,
     ) -> None:
         # `not lo <= v <= hi` is also true for NaN, so NaN fails every check.
         if not 0.0 <= _as_float(temperature) < float("inf"):
@@ -233,7 +237,9 @@ class Sampler:
         self.min_p = None if min_p is None else _as_float(min_p)
         self.top_k = None if top_k is None else int(top_k)
         self.top_p = None if top_p is None else _as_float(top_p)
-        self.rng = SplitMix64(seed)
+        if rng is not None and not isinstance(rng, SplitMix64):
+            raise ParameterError(f"rng must be a gemma_cy.SplitMix64 stream, got {type(rng).__name__}")
+        self.rng = SplitMix64(seed) if rng is None else rng
         self.seed = self.rng.state
 
     @property

@@ -35,6 +35,7 @@ from __future__ import annotations
 import unicodedata
 
 from ..errors import ModelFormatError
+from .chat import template_from_gguf
 from .greedy import PieceTable, SpecialPieces, text_to_bytes
 
 TOKEN_NORMAL = 1  # GGUF token types (llama.cpp's llama_token_type)
@@ -228,7 +229,7 @@ class BPETokenizer(PieceTable):
         add_bos = get("tokenizer.ggml.add_bos_token", (gguf_reader.BOOL,), required=False)
         return cls(tokens, types, merges, special["bos"], special["eos"], special["unknown"], special["padding"],
                    pre=get("tokenizer.ggml.pre", (gguf_reader.STRING,), required=False) or "gpt-2",
-                   add_bos=bool(add_bos), chat_template=get("tokenizer.chat_template", (gguf_reader.STRING,), required=False),
+                   add_bos=bool(add_bos), chat_template=template_from_gguf(gf),
                    source=name)
 
     def encode(self, text: str | bytes, parse_special: bool = False) -> list[int]:

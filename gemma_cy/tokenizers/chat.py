@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..errors import ParameterError, TemplateError
+from ..errors import ModelFormatError, ParameterError, TemplateError
 
 # Gemma 3's chat template, as Google ships it with the instruction-tuned
 # models: a system message becomes the start of the first user turn; roles
@@ -95,6 +95,25 @@ class ChatTemplate:
     name: str
     source: str
     stop_pieces: tuple[str, ...]
+
+
+TEMPLATE_KEY = "tokenizer.chat_template"
+
+
+def template_from_gguf(gf) -> str | None:
+    """The chat template a parsed GGUF file carries (``tokenizer.chat_template``),
+    None when it has none; ModelFormatError when the key is not a string.
+    Every tokenizer read from a GGUF takes its template from here, whatever
+    its vocabulary type (docs/generation.md#chat)."""
+    from ..formats import gguf_reader
+
+    field = gf.fields.get(TEMPLATE_KEY)
+    if field is None:
+        return None
+    if field.type != gguf_reader.STRING:
+        raise ModelFormatError(f"{gf.path}: metadata key {TEMPLATE_KEY} has type {gguf_reader.type_name(field)}, "
+                               f"must be a string")
+    return field.value
 
 
 def _stop_pieces(source: str) -> tuple[str, ...]:

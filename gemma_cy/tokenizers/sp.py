@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import ModelFormatError
 from . import sp_cache
+from .chat import template_from_gguf
 from .greedy import PieceTable, SpecialPieces, text_to_bytes
 from .sp_bpe import BPEVocab, SentencePieceBPE, build_index
 from .sp_cache import PackedPieces, VocabTables
@@ -444,16 +445,19 @@ class SentencePieceTokenizer(PieceTable):
     @classmethod
     def from_gguf(cls, path) -> SentencePieceTokenizer:
         """The tokenizer a GGUF file's metadata describes (``path`` or a parsed
-        ``GGUFFile``; see ``read_gguf_vocab``). A vocabulary of at least
+        ``GGUFFile``; see ``read_gguf_vocab``), with the file's chat
+        template when it has one. A vocabulary of at least
         sp_cache.CACHE_MIN_PIECES pieces is built once and kept in the user's
         cache directory (gemma_cy.tokenizers.sp_cache)."""
         from ..formats import gguf_reader
 
         gf = path if isinstance(path, gguf_reader.GGUFFile) else gguf_reader.parse_gguf(path)
+        template = template_from_gguf(gf)
         key, tables = _cached_tables(gf)
         if tables is not None:
             tok = cls.__new__(cls)
             tok._adopt(tables, *_special_ids(gf), source=gf.path)
+            tok.chat_template = template
             return tok
         pieces, scores, types, special = read_gguf_vocab(gf)
         for short in ("bos", "eos", "unk"):
@@ -465,6 +469,7 @@ class SentencePieceTokenizer(PieceTable):
             sp_cache.store(key, tables)
         tok = cls.__new__(cls)
         tok._adopt(tables, *ids, source=gf.path)
+        tok.chat_template = template
         return tok
 
     def encode(self, text: str | bytes, parse_special: bool = False) -> list[int]:

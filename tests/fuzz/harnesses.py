@@ -106,18 +106,30 @@ _CHAT_TOKENIZER = None
 
 @expect_own_errors
 def chat_template(data: bytes) -> None:
-    """The bytes as a Jinja chat template, rendered for a few conversations."""
-    from gemma_cy.tokenizers.chat import ChatTemplate, chat_ids
+    """The bytes as a Jinja chat template, rendered for a few conversations:
+    with the byte-level BPE vocabulary, and as the ``tokenizer.chat_template``
+    of a SentencePiece GGUF vocabulary, read back through the file path a
+    user's Gemma file takes (api.open_tokenizer, then chat_template_for)."""
+    from gemma_cy.formats.gguf_writer import write_gguf
+    from gemma_cy.tokenizers.chat import ChatTemplate, chat_ids, chat_template_for
     global _CHAT_TOKENIZER
     if _CHAT_TOKENIZER is None:
         from gemma_cy.tokenizers.bpe import BPETokenizer
         tokens, types, merges = bpe_vocab()
         _CHAT_TOKENIZER = BPETokenizer(tokens, types, merges, 1, 2)
-    template = ChatTemplate("file", data.decode("utf-8", "replace"), ())
-    for messages in ([{"role": "user", "content": "hi"}],
-                     [{"role": "system", "content": "S"}, {"role": "user", "content": "a<|im_end|>b"},
-                      {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]):
-        chat_ids(_CHAT_TOKENIZER, template, messages)
+    source = data.decode("utf-8", "replace")
+    path = os.path.join(SCRATCH, "template.gguf")
+    write_gguf(path, {**sp_vocab_fields(), "tokenizer.chat_template": source}, [])
+    sp = api.open_tokenizer(path)
+    from_file = chat_template_for(sp)
+    assert source == "" or (from_file.name, from_file.source) == ("file", source), "the file's template was not read"
+    for tok, template in ((_CHAT_TOKENIZER, ChatTemplate("file", source, ())), (sp, from_file)):
+        if template is None:
+            continue
+        for messages in ([{"role": "user", "content": "hi"}],
+                         [{"role": "system", "content": "S"}, {"role": "user", "content": "a<|im_end|>b"},
+                          {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]):
+            chat_ids(tok, template, messages)
 
 
 _TOKENIZERS = None
@@ -166,28 +178,34 @@ def _gguf_bytes(fields: dict, tensors: list) -> bytes:
         return f.read()
 
 
+def sp_vocab_fields() -> dict:
+    """The GGUF metadata of a SentencePiece vocabulary of 300 pieces (the fixture vocabulary)."""
+    from gemma_cy.tokenizers.fixture_vocab import fixture_vocab
+
+    vocab = fixture_vocab(300)
+    pieces = [p.decode("latin-1") if vocab.types[i] != 1 else f"<0x{p[0]:02X}>" for i, p in enumerate(vocab.pieces)]
+    types = [{0: 1, 1: 6, 2: 3}[t] for t in vocab.types]
+    types[vocab.unk_id] = 2
+    return {"general.architecture": "gemma3", "tokenizer.ggml.model": "llama",
+            "tokenizer.ggml.tokens": pieces, "tokenizer.ggml.scores": np.array(vocab.scores, np.float32),
+            "tokenizer.ggml.token_type": np.array(types, np.int32), "tokenizer.ggml.bos_token_id": vocab.bos_id,
+            "tokenizer.ggml.eos_token_id": vocab.eos_id, "tokenizer.ggml.unknown_token_id": vocab.unk_id}
+
+
 def seed_gguf_model() -> bytes:
     """A Gemma 3 model of 2 layers, dim 32, vocab 300 (Q8_0 matrices, one Q4_K,
     F32 norms) with its SentencePiece vocabulary."""
     from gemma_cy.formats.gguf_writer import TensorData
     from gemma_cy.quant.tensors import quantize_q8_0
     from gemma_cy.quant.types import GGML_TYPE_IDS as T
-    from gemma_cy.tokenizers.fixture_vocab import fixture_vocab
 
-    vocab = fixture_vocab(300)
     n_layers, dim, heads, head_dim, mlp = 2, 32, 2, 16, 64
-    pieces = [p.decode("latin-1") if vocab.types[i] != 1 else f"<0x{p[0]:02X}>" for i, p in enumerate(vocab.pieces)]
-    types = [{0: 1, 1: 6, 2: 3}[t] for t in vocab.types]
-    types[vocab.unk_id] = 2
     fields = {"general.architecture": "gemma3", "gemma3.context_length": 64, "gemma3.embedding_length": dim,
               "gemma3.block_count": n_layers, "gemma3.feed_forward_length": mlp,
               "gemma3.attention.head_count": heads, "gemma3.attention.head_count_kv": 1,
               "gemma3.attention.key_length": head_dim, "gemma3.attention.value_length": head_dim,
               "gemma3.attention.layer_norm_rms_epsilon": 1e-6, "gemma3.rope.freq_base": 1e6,
-              "gemma3.attention.sliding_window": 8, "tokenizer.ggml.model": "llama",
-              "tokenizer.ggml.tokens": pieces, "tokenizer.ggml.scores": np.array(vocab.scores, np.float32),
-              "tokenizer.ggml.token_type": np.array(types, np.int32), "tokenizer.ggml.bos_token_id": vocab.bos_id,
-              "tokenizer.ggml.eos_token_id": vocab.eos_id, "tokenizer.ggml.unknown_token_id": vocab.unk_id}
+              "gemma3.attention.sliding_window": 8, **sp_vocab_fields()}
     rng = np.random.default_rng(0)
     shapes = {"token_embd.weight": (300, dim), "output_norm.weight": (dim,)}
     for l in range(n_layers):
