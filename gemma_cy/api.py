@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Sequence
 
@@ -18,14 +19,16 @@ from .generation.engines import DEFAULT_ENGINE, make_engine
 from .generation.penalties import DEFAULT_REPEAT_LAST_N, Penalties
 from .generation.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE
 from .generation.session import Session
-from .errors import ModelFormatError, ParameterError, TokenIndexError
+from .errors import GemmaCyError, ModelFormatError, ParameterError, TokenIndexError
 from .formats.gguf_model import read_gguf
 from .formats.gmw import read_gmw
 from .formats.mapped import check_regular, return_freed_heap
 from .formats.llama2c import V2_MAGIC_BYTES, is_llama2c_checkpoint, read_llama2c
 from .tokenizers.llama2c import Llama2cTokenizer
 from .generation.evaluation import Evaluation, check_ctx, evaluate
-from .generation.generator import Completion, Generation, Observer
+from .generation.batch import BatchGeneration
+from .generation.generator import Completion, Generation, Observer, check_prompt_fits
+from .generation.stops import check_stop_strings
 from .generation.sampling import Sampler
 from .tokenizers.greedy import GreedyTokenizer
 from .model.weights import Weights
@@ -111,14 +114,16 @@ def default_tokenizer_path(weights: str) -> str:
 
 
 def load(weights: str | os.PathLike | None = None, tokenizer: str | None = None, engine: str = DEFAULT_ENGINE,
-         max_cache_len: int = 8192, activations: str = "f32") -> "Model":
+         max_cache_len: int = 8192, activations: str = "f32", max_sequences: int = 1) -> "Model":
     """Load a model: ``weights`` file path (GGUF, GMW1 or a llama2.c
     checkpoint; None: the default model, Gemma 3 270M from its package),
     ``tokenizer`` path (default: the GGUF itself, weights + ".tok" for
     GMW1, tokenizer.bin beside a llama2.c checkpoint), ``engine`` "fast" |
     "reference", and the KV cache length (context = min(max_cache_len, the
     model's max_seq_len)). ``activations="q8"`` is the opt-in
-    int8-activation mode (gemma_cy.generation.engines.make_engine)."""
+    int8-activation mode (gemma_cy.generation.engines.make_engine).
+    ``max_sequences``: how many sequences ``generate_many`` runs at once,
+    each with its own KV cache of that context (docs/generation.md#batching)."""
     if weights is None:
         from .formats.packaged import default_model_path
         weights = default_model_path()
@@ -136,7 +141,20 @@ def load(weights: str | os.PathLike | None = None, tokenizer: str | None = None,
         raise ModelFormatError(
             f"tokenizer vocab_size = {tok.vocab_size} does not match the weights' vocab_size = "
             f"{loaded.config.vocab_size}")
-    return Model(loaded, tok, engine, max_cache_len, activations)
+    return Model(loaded, tok, engine, max_cache_len, activations, max_sequences)
+
+
+# What one sequence of a batch may set (Model._generation's keywords, less the engine's own).
+_SEQUENCE_KEYWORDS = frozenset({"max_tokens", "n_dec", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                                "presence_penalty", "frequency_penalty", "repeat_last_n", "seed", "rng", "stop",
+                                "logits_processor", "accept_token", "terminate_on_eos"})
+
+
+def _several_prompts(prompt) -> bool:
+    """True for a list of prompts (its items strings, bytes or id lists), not one prompt of ids."""
+    return (isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes)) and len(prompt) > 0
+            and all(isinstance(p, (str, bytes)) or (isinstance(p, Sequence) and not isinstance(p, (str, bytes)))
+                    for p in prompt))
 
 
 def _max_tokens(max_tokens, n_dec) -> int:
@@ -157,12 +175,13 @@ class Model:
     """
 
     def __init__(self, weights: Weights, tokenizer: GreedyTokenizer, engine: str = DEFAULT_ENGINE,
-                 max_cache_len: int = 8192, activations: str = "f32"):
+                 max_cache_len: int = 8192, activations: str = "f32", max_sequences: int = 1):
         self.weights = weights
         self.config = weights.config
         self.tokenizer = tokenizer
         self.engine_name = engine
-        self.engine = make_engine(engine, weights, max_cache_len, activations)
+        self.max_sequences = max_sequences
+        self.engine = make_engine(engine, weights, max_cache_len, activations, max_sequences)
         self.session = Session(self.engine)
         self.chat_template = chat_template_for(tokenizer)  # None: the model has no chat template
         stops = {tokenizer.eos_id, *self.config.eos_ids}
@@ -238,14 +257,16 @@ class Model:
                     top_k=0, top_p=1.0, min_p=DEFAULT_MIN_P, repeat_penalty=1.0, presence_penalty=0.0,
                     frequency_penalty=0.0, repeat_last_n=DEFAULT_REPEAT_LAST_N, seed=0, rng=None, stop=None,
                     logits_processor=None, accept_token=None, observer=None,
-                    terminate_on_eos=True) -> Generation:
-        """A Generation of ``ids`` from the engine's current position."""
+                    terminate_on_eos=True, engine=None, session=None) -> Generation:
+        """A Generation of ``ids`` from the engine's current position (the
+        model's engine and session, or a batch slot's)."""
         sampler = Sampler(temperature=temperature, min_p=min_p, top_k=top_k, top_p=top_p, seed=seed, rng=rng)
         penalties = Penalties(repeat_penalty, presence_penalty, frequency_penalty, repeat_last_n)
-        return Generation(self.engine, self.tokenizer, sampler, ids, _max_tokens(max_tokens, n_dec),
+        return Generation(self.engine if engine is None else engine, self.tokenizer, sampler, ids,
+                          _max_tokens(max_tokens, n_dec),
                           stop_ids=self.stop_ids if terminate_on_eos else frozenset(), observer=observer,
                           stop=stop, logits_processor=logits_processor, accept_token=accept_token,
-                          penalties=penalties, session=self.session)
+                          penalties=penalties, session=self.session if session is None else session)
 
     def generate(self, prompt: str | bytes | Sequence[int] = "", *, chat_format: bool = False,
                  system: str | None = None, parse_special: bool = False, keep_cache: bool = False,
@@ -274,9 +295,92 @@ class Model:
             self.session.reset()
         return self._generation(ids, **sampling)
 
-    def complete(self, prompt: str | bytes | Sequence[int] = "", **kwargs) -> Completion:
-        """``generate`` run to the end: a Completion(text, ids, stop_reason, prompt_ids, timing)."""
+    def complete(self, prompt: str | bytes | Sequence[int] = "", n: int | None = None,
+                 **kwargs) -> Completion | list[Completion]:
+        """``generate`` run to the end: a Completion(text, ids, stop_reason,
+        prompt_ids, timing). Given a list of prompts (strings, bytes or id
+        lists), ``generate_many`` run to the end: their Completions, in order.
+        ``n``: that many samples of the one prompt, as a list (``_samples``)."""
+        if n is not None:
+            if _several_prompts(prompt):
+                raise ParameterError("n: samples of one prompt; for several prompts give each its own entry")
+            ids = self.prompt_ids(prompt, chat_format=kwargs.pop("chat_format", False),
+                                  parse_special=kwargs.pop("parse_special", False), system=kwargs.pop("system", None))
+            return self._samples(ids, n, kwargs)
+        if _several_prompts(prompt):
+            return self.generate_many(prompt, **kwargs).complete()
         return self.generate(prompt, **kwargs).complete()
+
+    def _samples(self, ids: list[int], n, kwargs: dict) -> list[Completion]:
+        """``n`` completions of one prompt, run together: the prompt is
+        prefilled once (the others copy its KV cache), sample k draws from
+        seed + k (so the samples differ, and a seed reproduces them all)."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1024:
+            raise ParameterError(f"n = {n!r}, must be an integer in [1, 1024]")
+        if "rng" in kwargs:
+            raise ParameterError("n: each sample draws from seed + k; give seed, not rng")
+        seed = kwargs.pop("seed", 0)
+        Sampler(seed=seed)  # ParameterError for a bad seed, before seed + k
+        per_sequence = [{"seed": (seed + k) % 2**64} for k in range(n)]
+        return self.generate_many([ids] * n, per_sequence=per_sequence, **kwargs).complete()
+
+    def generate_many(self, prompts: Sequence[str | bytes | Sequence[int]], *, chat_format: bool = False,
+                      system: str | None = None, parse_special: bool = False,
+                      per_sequence: Sequence[dict] | None = None, **sampling) -> BatchGeneration:
+        """Generate from several prompts at once (docs/generation.md#batching):
+        up to ``max_sequences`` (a ``load`` argument) run together, each step
+        one pass over the weights for all of them, the rest join as others
+        end. Iterate the result for ``(index, Step)`` as tokens arrive;
+        ``complete()`` gives the Completions in order. Keywords are
+        ``generate``'s and apply to every prompt; ``per_sequence[i]`` (a
+        dict, one per prompt) overrides them for prompt i. Each sequence's
+        tokens are exactly those ``generate`` gives it alone. Takes the
+        model's KV cache over, as any new generation does."""
+        if not _several_prompts(prompts) and not (isinstance(prompts, Sequence) and len(prompts) == 0):
+            raise ParameterError("prompts: expected a list of prompts (strings, bytes or lists of ids)")
+        if not prompts:
+            raise ParameterError("prompts: the list is empty")
+        if per_sequence is None:
+            per_sequence = [{}] * len(prompts)
+        if len(per_sequence) != len(prompts) or not all(isinstance(d, dict) for d in per_sequence):
+            raise ParameterError(f"per_sequence: expected {len(prompts)} dicts, one per prompt")
+        for d in per_sequence:
+            if "observer" in d or "observer" in sampling:
+                raise ParameterError("observer: a batched sequence cannot be observed; run it alone (generate)")
+        ids = [self.prompt_ids(p, chat_format=chat_format, parse_special=parse_special, system=system)
+               for p in prompts]
+        kwargs = [{**sampling, **d} for d in per_sequence]
+        for i, (prompt, kw) in enumerate(zip(ids, kwargs)):  # every argument checked before anything runs
+            try:
+                self.check_sequence(prompt, kw)
+            except GemmaCyError as e:
+                raise type(e)(f"prompt {i}: {e}") from None
+        return self.run_many(ids, kwargs)
+
+    def check_sequence(self, ids: list[int], keywords: dict) -> None:
+        """One sequence of a batch, checked before anything runs: its prompt
+        fits the context and every keyword is one ``generate`` takes, in range."""
+        kw = keywords
+        unknown = sorted(set(kw) - _SEQUENCE_KEYWORDS)
+        if unknown:
+            raise ParameterError(f"unknown keyword {unknown[0]!r}")
+        check_prompt_fits(len(ids), 0, self.engine.cache_len)
+        Sampler(**{k: kw[k] for k in ("temperature", "min_p", "top_k", "top_p", "seed", "rng") if k in kw})
+        Penalties(*(kw.get(k, d) for k, d in (("repeat_penalty", 1.0), ("presence_penalty", 0.0),
+                                              ("frequency_penalty", 0.0), ("repeat_last_n", DEFAULT_REPEAT_LAST_N))))
+        check_stop_strings(kw.get("stop"))
+        Generation.check_n_dec(_max_tokens(kw.get("max_tokens"), kw.get("n_dec")))
+
+    def run_many(self, ids: list[list[int]], keywords: list[dict], on_finish=None) -> BatchGeneration:
+        """``generate_many`` of prompts already as ids, each with its checked
+        keywords (``check_sequence``); ``on_finish(index)`` is called as
+        each sequence ends."""
+        self.session.reset()  # the batch takes the model's cache (slot 0) over
+        makers = [functools.partial(self._slot_generation, prompt, kw) for prompt, kw in zip(ids, keywords)]
+        return BatchGeneration(self.engine.batch, makers, on_finish=on_finish)
+
+    def _slot_generation(self, ids: list[int], kwargs: dict, engine, session) -> Generation:
+        return self._generation(ids, engine=engine, session=session, **kwargs)
 
     def chat(self, messages: Sequence[dict], **sampling) -> Generation:
         """Start the model's reply to ``messages`` ([{"role": "system" |
@@ -288,8 +392,12 @@ class Model:
         kept = self.session.reuse_prefix(ids)
         return self._generation(ids[kept:], **sampling)
 
-    def chat_complete(self, messages: Sequence[dict], **sampling) -> Completion:
-        """``chat`` run to the end: the reply as a Completion."""
+    def chat_complete(self, messages: Sequence[dict], n: int | None = None,
+                      **sampling) -> Completion | list[Completion]:
+        """``chat`` run to the end: the reply as a Completion; with ``n``,
+        that many replies as a list (``complete``'s ``n``)."""
+        if n is not None:
+            return self._samples(self.chat_ids(messages), n, sampling)
         return self.chat(messages, **sampling).complete()
 
     def evaluate(self, text_or_ids: str | bytes | Sequence[int], ctx: int = 512, chunks: int | None = None,

@@ -47,13 +47,23 @@ class ReferenceEngine(CheckedEngine):
     ``cache`` (KVCache).
     """
 
-    def __init__(self, weights: Weights, max_cache_len: int, activations: str = "f32") -> None:
+    def __init__(self, weights: Weights, max_cache_len: int, activations: str = "f32", n_slots: int = 1) -> None:
         self.config = weights.config
         self.cache_len = cache_length(max_cache_len, self.config)
         self.activations = activations
         self.weights = F32Weights.from_weights(weights, activations)
         self.cache = KVCache(self.config, self.cache_len)
         self.pos = 0
+        self.n_slots = n_slots
+        self._batch = None
+
+    @property
+    def batch(self):
+        """The ReferenceBatchEngine of n_slots slots whose slot 0 is this engine."""
+        if self._batch is None:
+            from .batch import ReferenceBatchEngine
+            self._batch = ReferenceBatchEngine.over(self, self.n_slots)
+        return self._batch
 
     def _run(self, ids: list[int], start: int, observer: Observer | None) -> np.ndarray:
         """Positions start .. start+len(ids)-1, inputs already checked, one

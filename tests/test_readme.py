@@ -12,7 +12,7 @@ from helpers import REPO
 def readme_python_block() -> str:
     text = (REPO / "README.md").read_text(encoding="utf-8")
     section = text[text.index("## Python API"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return "\n".join(re.findall(r"```python\n(.*?)```", section, re.S))  # every block, in order
 
 
 def test_readme_python_example_runs(tmp_path):
@@ -30,7 +30,9 @@ def test_readme_python_example_runs(tmp_path):
              "ban = model.complete('The capital of France is', max_tokens=8, temperature=0,\n"
              "                     logits_processor=lambda ids, x: np.where(np.arange(len(x)) == banned, -np.inf, x))\n"
              "first = model.complete('The capital of France is', max_tokens=8, temperature=0)\n"
+             "alone = model.complete('Water boils at', max_tokens=8, temperature=0.7, seed=3)\n"
              "print('CHECK', json.dumps({'banned_first': first.ids[0] == banned, 'banned_in': banned in ban.ids,\n"
+             "      'batch_is_alone': outs[1].ids == alone.ids and len(outs) == 2,\n"
              "      'digits': model.complete('The year the Berlin Wall fell:', max_tokens=4, temperature=0,\n"
              "                               logits_processor=only_digits).text}))\n")
     script = tmp_path / "example.py"
@@ -40,3 +42,4 @@ def test_readme_python_example_runs(tmp_path):
     check = __import__("json").loads(result.stdout.split("CHECK ", 1)[1])
     assert check["banned_first"] and not check["banned_in"]
     assert check["digits"].strip().isdigit()
+    assert check["batch_is_alone"]

@@ -36,7 +36,7 @@ from helpers import REPO, gguf_tensors
 README = REPO / "README.md"
 SHELL_INFOS = ("", "sh", "bash", "shell", "console")
 COMMAND_WORDS = {"gemma-cy", "make", "python", "python3", "time", "echo", "pip", "cd", "export", "cat", "ls"}
-SUBCOMMANDS = ("diff", "eval", "convert")
+SUBCOMMANDS = ("diff", "eval", "convert", "batch")
 MAX_TOKENS = 2
 EVAL_CTX = 128
 TIMEOUT = 240
@@ -136,6 +136,8 @@ def kind(cmd: str) -> str:
         return f"gemma-cy-{words[1]}" if len(words) > 1 and words[1] in SUBCOMMANDS else "gemma-cy"
     if "scripts/bench.py" in seg:
         return "bench"
+    if "scripts/bench_batch.py" in seg:
+        return "bench-batch"
     if words[0] == "time":
         return "time"
     if words[0].endswith("python") or words[0] in ("python", "python3"):
@@ -156,6 +158,8 @@ def shortened(cmd: str) -> str:
         cmd += f" --n_dec {MAX_TOKENS}"
     elif k == "gemma-cy-eval" and "--ctx" not in cmd:
         cmd += f" --ctx {EVAL_CTX}"
+    elif k == "bench-batch":
+        cmd = re.sub(r"(?<=\s)--repeat\s+\d+\b", "", cmd) + " --repeat 1 --batches 1,2 --prompt 8 --steps 2 --no_peers"
     elif k == "bench":
         cmd = re.sub(r"(?<=\s)--repeats?\s+\d+\b", "--repeat 1", cmd)
         cmd = re.sub(r"(?<=--models )(\S+)",
@@ -245,7 +249,8 @@ def workdir(tmp_path_factory, default_model) -> Path:
     default model), model.q8_0.gguf (its conversion, as the example before
     makes it), models/tiny.gmw (as `make run-tiny` makes it), stories15M.bin
     and tokenizer.bin (converted from a Llama GGUF with llama2.c's
-    settings), FILE (a text), and .venv and scripts/ as in the repository."""
+    settings), FILE (a text), requests.jsonl (two batch requests), and .venv
+    and scripts/ as in the repository."""
     from gemma_cy.commands.convert import convert, to_llama2c
 
     if shutil.which("gemma-cy", path=str(bin_dir())) is None:
@@ -261,6 +266,9 @@ def workdir(tmp_path_factory, default_model) -> Path:
     write_llama_gguf(d / "llama.gguf")
     assert to_llama2c(d / "llama.gguf", d / "stories15M.bin") == str(d / "tokenizer.bin")
     (d / "FILE").write_text(README.read_text(encoding="utf-8"), encoding="utf-8")
+    (d / "requests.jsonl").write_text(
+        '{"prompt": "The capital of France is", "max_tokens": 2}\n'
+        '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}\n', encoding="utf-8")
     # the interactive chat keeps its history in cache_dir(): a private one, sharing the tokenizer tables
     from gemma_cy.formats.packaged import cache_dir
     (d / "cache" / "gemma-cy").mkdir(parents=True)
@@ -344,7 +352,8 @@ def test_the_rule_finds_the_examples():
     cmds = [c for _, c in EXAMPLES]
     assert "make run" in cmds and "make test" in cmds
     kinds = {kind(c) for c in cmds}
-    assert {"gemma-cy", "gemma-cy-diff", "gemma-cy-eval", "gemma-cy-convert", "bench", "time", "python"} <= kinds
+    assert {"gemma-cy", "gemma-cy-diff", "gemma-cy-eval", "gemma-cy-convert", "gemma-cy-batch", "bench", "time",
+            "python"} <= kinds
     assert any(interactive(c) for c in cmds)
     assert not any(" #" in strip_quoted(c) for c in cmds), "a comment was not cut"
     assert strip_comment("gemma-cy -p 'a # b' \"#c\" $'d\\' #e' x  # note") == "gemma-cy -p 'a # b' \"#c\" $'d\\' #e' x"
@@ -403,6 +412,10 @@ def test_example_runs(line, cmd, workdir):
     if k == "gemma-cy-convert":
         out = re.search(r"(?:-o|--output)\s+(\S+)", run)[1]
         assert (workdir / out).stat().st_size > 0, where
+    if k == "gemma-cy-batch":
+        out = re.search(r"(?:-o|--output)\s+(\S+)", run)[1]
+        records = [json.loads(r) for r in (workdir / out).read_text(encoding="utf-8").splitlines()]
+        assert records and all(r.get("text") is not None for r in records), f"{where}\n{records}"
     if k == "python" and "model_path()" in run:
         assert Path(result.stdout.strip()).is_file(), f"{where}\nprinted {result.stdout!r}"
     if k == "gemma-cy":  # a prompt that means a newline reaches the model as one

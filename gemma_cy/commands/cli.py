@@ -19,54 +19,16 @@ from ..quant.affine import AffineTensor, Q4_KTensor
 from ..quant.ggml import Q4_1Tensor, Q5_0Tensor
 from ..quant.tensors import Int8Tensor
 
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-
-
-class UsageError(ParameterError):
-    """A flag value a subcommand cannot use: one line and exit 2, like argparse's errors."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage dump) and exit 2."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def int_flag(text: str) -> int:
-    """An integer flag value, written in decimal: what ``int(text, 10)``
-    accepts ("250", "-1", "+3", "1_000", surrounding spaces). Anything else
-    ("1e3", "0x10", "2.0", "") is an argparse error that quotes the text."""
-    try:
-        return int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
-def float_flag(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
-def id_list_flag(text: str) -> list[int]:
-    """'1,2,3' -> [1, 2, 3]."""
-    try:
-        ids = [int(part, 10) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("expected at least one token id")
-    return ids
+from . import batch as batch_command
+from .flags import (EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, OneLineParser, UsageError, float_flag,  # noqa: F401
+                    id_list_flag, int_flag)
 
 
 SUBCOMMAND_HELP = """subcommands:
   gemma-cy diff ...      the fast engine against the NumPy reference, op by op (gemma-cy diff --help)
   gemma-cy convert ...   GGUF -> Q8_0 GGUF, or any model -> llama2.c (gemma-cy convert --help)
   gemma-cy eval ...      perplexity over a text, and KL divergence against a baseline (gemma-cy eval --help)
+  gemma-cy batch ...     a JSONL file of requests, decoded together (gemma-cy batch --help)
 
 Without --prompt: piped stdin is the prompt; on a terminal, an interactive chat."""
 
@@ -517,6 +479,7 @@ def run_eval(args) -> int:
 
 
 SUBCOMMANDS = {"diff": (build_diff_parser, lambda a: run_diff(a)),
+               "batch": (lambda: batch_command.build_parser(), lambda a: batch_command.run(a)),
                "eval": (build_eval_parser, lambda a: run_eval(a)),
                "convert": (build_convert_parser, lambda a: run_convert(a))}
 

@@ -52,18 +52,29 @@ class FastEngine(CheckedEngine):
     """
 
     def __init__(self, weights: Weights, max_cache_len: int, isa: str | None = None,
-                 activations: str = "f32") -> None:
+                 activations: str = "f32", n_slots: int = 1) -> None:
         self.config = weights.config
         self.cache_len = cache_length(max_cache_len, self.config)
         self.isa = ops.ISA if isa is None else isa
         self.activations = activations
-        self.model = ops.module_for(self.isa).FastModel(weights, self.cache_len, activations)
+        self.model = ops.module_for(self.isa).FastModel(weights, self.cache_len, activations, n_slots)
         self.pos = 0
+        self._batch = None
         layout = self.model.trace_layout
         # (layer, op, offset, size, shape) of each observer call of a position, in order
         self._calls = [(layer, op, layout[layer, op][0], int(np.prod(layout[layer, op][1])),
                         layout[layer, op][1]) for layer, op in observed_calls(self.config.n_layers)]
         self._logits_at = layout[self.config.n_layers, "logits"][0]
+
+    @property
+    def batch(self):
+        """The FastBatchEngine over this engine's FastModel and its n_slots
+        slots (slot 0 is this engine's own cache: running the batch takes it
+        over, as a new generation does)."""
+        if self._batch is None:
+            from .batch import FastBatchEngine
+            self._batch = FastBatchEngine.over(self)
+        return self._batch
 
     def rewind(self, pos: int) -> int:
         """CheckedEngine.rewind; when a sliding-window layer's ring no longer

@@ -65,6 +65,8 @@ cdef enum LayerOp:
     OP_RESID_MLP = 9
     N_LAYER_OPS = 10
 
+BLOCK_ROWS = BLOCK  # rows (positions, of one or several slots) per pass of the forward pass
+
 LAYER_TRACE_OPS = ("attn_norm", "q", "k", "v", "attn_out", "attn", "resid_attn",
                    "ffn_norm", "mlp", "resid_mlp")
 
@@ -336,11 +338,20 @@ cdef class FastModel:
     the next run overwrites. A run starts at a position the cache can
     resume from (``resumable``), else IndexError.
     gemma_cy.fast.engine.FastEngine is the engine built on this.
+
+    With ``n_slots`` > 1 it holds that many sequences, each with its own KV
+    cache and positions (a slot): ``run_batch`` advances several slots in
+    one pass over the weights, each slot's rows a segment of consecutive
+    positions, and each row gets the bits it gets alone (the matrix
+    products are per row; attention reads its own slot's cache). ``run``,
+    ``run_token`` and ``run_states`` run slot 0; ``slot_cache(slot)`` and
+    ``slot_high(slot)`` show any slot's cache.
+    gemma_cy.fast.batch.BatchEngine is the engine built on this.
     """
 
     # sizes (abbreviations as in reference/layers.py)
     cdef readonly Py_ssize_t n_layers, dim, n_heads, n_kv_heads, head_dim, q_dim, kv_dim
-    cdef readonly Py_ssize_t mlp_dim, vocab_size, cache_len
+    cdef readonly Py_ssize_t mlp_dim, vocab_size, cache_len, n_slots
     # switches
     cdef double norm_eps
     cdef bint one_plus  # gains are (1 + g)
@@ -373,13 +384,19 @@ cdef class FastModel:
     cdef float* gemm_scratch  # k_gemm's and k_gemm_q8's (k_gemm_scratch_floats(max width, BLOCK),)
     cdef float* rope_cos  # (BLOCK, 2, hd/2): cos of each position's angles, global and local base
     cdef float* rope_sin  # (BLOCK, 2, hd/2)
-    cdef float* out  # (vocab,) logits
+    cdef float* out  # (out_rows, vocab) logits, of the block's rows out_row[0 .. n_out-1]
     cdef float[::1] att  # (ATT_TILE * nh, cache_len) scores, then probabilities, of the rows of q_tile
-    cdef LayerCache* caches  # (n_layers,) each layer's keys and values (key_cache, value_cache: writable)
+    cdef LayerCache* caches  # (n_slots, n_layers) each slot's layers' keys and values (slot_cache: read-only views)
     cdef float* k_block  # (BLOCK, kvd) the block's keys, before they go to their cache rows
     cdef float* v_block  # (BLOCK, kvd) its values
-    cdef readonly Py_ssize_t high  # 1 + the last position written since the cache was emptied
-    cdef int bad_at[BLOCK]  # per position of a block: ALL_FINITE or where it went non-finite
+    cdef Py_ssize_t* highs  # (n_slots,) 1 + the last position written since the slot's cache was emptied
+    cdef int bad_at[BLOCK]  # per row of a block: ALL_FINITE or where it went non-finite
+    # the rows of a block: row t runs position row_pos[t] of slot row_slot[t]; the rows of one slot
+    # are consecutive positions in consecutive rows (a segment)
+    cdef Py_ssize_t row_slot[BLOCK]
+    cdef Py_ssize_t row_pos[BLOCK]
+    cdef Py_ssize_t out_row[BLOCK]  # the rows whose logits the block computes, into out's rows 0 .. n_out-1
+    cdef Py_ssize_t n_out, out_rows
 
     # the trace of one position: embed, n_layers * the layer ops, final_norm, logits
     cdef bint tracing
@@ -394,20 +411,28 @@ cdef class FastModel:
 
     cdef readonly int first_bad  # ALL_FINITE (-2), or where the last run went non-finite
     cdef readonly object last_logits, key_cache, value_cache, trace, trace_layout
+    cdef readonly object batch_logits  # (out_rows, vocab): run_batch's logits, one row per segment that wants them
+    cdef list _slot_caches  # per slot: (key_cache, value_cache) read-only views
     cdef list _keep  # every array a pointer above points into
 
     def __cinit__(self):
         self.layers = NULL
+        self.caches = NULL
+        self.highs = NULL
         self.states_out = NULL
 
     def __dealloc__(self):
         PyMem_Free(self.layers)
         PyMem_Free(self.caches)
+        PyMem_Free(self.highs)
 
-    def __init__(self, weights, Py_ssize_t cache_len, str activations="f32"):
+    def __init__(self, weights, Py_ssize_t cache_len, str activations="f32", Py_ssize_t n_slots=1):
         c = weights.config
         if not 0 < cache_len <= c.max_seq_len:
             raise ValueError(f"cache_len = {cache_len}, must be in [1, {c.max_seq_len}]")
+        if n_slots < 1:
+            raise ValueError(f"n_slots = {n_slots}, must be >= 1")
+        self.n_slots = n_slots
         self.act_q8 = check_activation_mode(activations, c, weights.tensors) == "q8"  # ParameterError when it does not fit
         self._keep = [weights]  # weights.keepalive holds the mapped file
         keep = self._keep
@@ -493,81 +518,115 @@ cdef class FastModel:
         self.gemm_scratch = _f32(_zeros(max(1, k_gemm_scratch_floats(widest, BLOCK))), keep)
         self.rope_cos = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
         self.rope_sin = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
-        logits = _zeros(c.vocab_size)
-        self.out = _f32(logits, keep)
+        self.out_rows = min(n_slots, <Py_ssize_t> BLOCK)
+        logits = _zeros((self.out_rows, c.vocab_size))
+        self.out = _f32(logits.reshape(-1), keep)
+        self.batch_logits = _read_only_view(logits)
         self.q_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
         self.ao_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
         self.att = _filled_as_used(ATT_TILE * c.n_heads * cache_len)
         self.k_block, self.v_block = _f32(_zeros(BLOCK * c.kv_dim), keep), _f32(_zeros(BLOCK * c.kv_dim), keep)
         self._lay_out_cache(c, cache_len)
-        self.last_logits = _read_only_view(logits)
+        self.last_logits = _read_only_view(logits[0])
         self._lay_out_trace(c)
         self.first_bad = ALL_FINITE
 
     cdef int _lay_out_cache(self, object config, Py_ssize_t cache_len) except -1:
-        """Each layer's keys and values: cache_len rows, or for a layer with a
-        sliding window a ring of window + RING_SLACK rows, all in one map
-        that takes memory as rows fill. Head-major, (nkv, rows, hd) per layer:
-        attention reads one kv head's rows of consecutive positions, and they
-        lie one after another in memory (docs/architecture.md#kv-cache);
-        key_cache[layer] shows them as (rows, nkv, hd), as the reference's."""
-        self.caches = <LayerCache*> PyMem_Malloc(config.n_layers * sizeof(LayerCache))
-        if self.caches == NULL:
+        """Each slot's layers' keys and values: cache_len rows, or for a layer
+        with a sliding window a ring of window + RING_SLACK rows, all in one
+        map that takes memory as rows fill (a slot that never runs takes
+        none). Head-major, (nkv, rows, hd) per layer: attention reads one kv
+        head's rows of consecutive positions, and they lie one after another
+        in memory (docs/architecture.md#kv-cache); key_cache[layer] shows
+        slot 0's as (rows, nkv, hd), as the reference's."""
+        cdef Py_ssize_t n = config.n_layers * self.n_slots
+        self.caches = <LayerCache*> PyMem_Malloc(n * sizeof(LayerCache))
+        self.highs = <Py_ssize_t*> PyMem_Malloc(self.n_slots * sizeof(Py_ssize_t))
+        if self.caches == NULL or self.highs == NULL:
             raise MemoryError("FastModel: no memory for the cache table")
         windows = [config.window(layer) for layer in range(config.n_layers)]
         rows = [min(cache_len, w + RING_SLACK) if w > 0 else cache_len for w in windows]
-        keys = _filled_as_used(sum(rows) * self.kv_dim)
-        values = _filled_as_used(sum(rows) * self.kv_dim)
+        keys = _filled_as_used(self.n_slots * sum(rows) * self.kv_dim)
+        values = _filled_as_used(self.n_slots * sum(rows) * self.kv_dim)
         cdef float* k0 = _f32(keys, self._keep)
         cdef float* v0 = _f32(values, self._keep)
-        cdef Py_ssize_t layer, at = 0
-        for layer in range(config.n_layers):
-            self.caches[layer].keys = k0 + at * self.kv_dim
-            self.caches[layer].values = v0 + at * self.kv_dim
-            self.caches[layer].rows = rows[layer]
-            self.caches[layer].window = windows[layer]
-            at += rows[layer]
-        starts = np.cumsum([0] + rows) * self.kv_dim
-        shapes = [(config.n_kv_heads, n, config.head_dim) for n in rows]
-        self.key_cache = tuple(_read_only_view(keys[a:b].reshape(shape).transpose(1, 0, 2))
-                               for a, b, shape in zip(starts[:-1], starts[1:], shapes))
-        self.value_cache = tuple(_read_only_view(values[a:b].reshape(shape).transpose(1, 0, 2))
-                                 for a, b, shape in zip(starts[:-1], starts[1:], shapes))
-        self.high = 0
+        cdef Py_ssize_t slot, layer, at = 0
+        starts = np.cumsum([0] + rows * self.n_slots) * self.kv_dim
+        shapes = [(config.n_kv_heads, r, config.head_dim) for r in rows]
+        self._slot_caches = []
+        for slot in range(self.n_slots):
+            self.highs[slot] = 0
+            for layer in range(config.n_layers):
+                self.caches[slot * config.n_layers + layer].keys = k0 + at * self.kv_dim
+                self.caches[slot * config.n_layers + layer].values = v0 + at * self.kv_dim
+                self.caches[slot * config.n_layers + layer].rows = rows[layer]
+                self.caches[slot * config.n_layers + layer].window = windows[layer]
+                at += rows[layer]
+            bounds = list(zip(starts[slot * config.n_layers:(slot + 1) * config.n_layers],
+                              starts[slot * config.n_layers + 1:(slot + 1) * config.n_layers + 1], shapes))
+            self._slot_caches.append(
+                (tuple(_read_only_view(keys[a:b].reshape(shape).transpose(1, 0, 2)) for a, b, shape in bounds),
+                 tuple(_read_only_view(values[a:b].reshape(shape).transpose(1, 0, 2)) for a, b, shape in bounds)))
+        self.key_cache, self.value_cache = self._slot_caches[0]
         return 0
 
-    def cache_row(self, Py_ssize_t layer, Py_ssize_t pos):
-        """The row of ``key_cache[layer]`` / ``value_cache[layer]`` that holds
-        position ``pos``, or None when the layer's ring no longer holds it
-        (or it was never written)."""
+    def slot_cache(self, Py_ssize_t slot):
+        """(key_cache, value_cache) of ``slot``, as ``key_cache`` / ``value_cache`` show slot 0's."""
+        self._check_slot(slot)
+        return self._slot_caches[slot]
+
+    def slot_high(self, Py_ssize_t slot):
+        """1 + the last position ``slot`` wrote since its cache was emptied (a run from 0 empties it)."""
+        self._check_slot(slot)
+        return self.highs[slot]
+
+    @property
+    def high(self):
+        """slot_high(0)."""
+        return self.highs[0]
+
+    cdef int _check_slot(self, Py_ssize_t slot) except -1:
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot {slot} outside [0, {self.n_slots})")
+        return 0
+
+    def cache_row(self, Py_ssize_t layer, Py_ssize_t pos, Py_ssize_t slot=0):
+        """The row of ``key_cache[layer]`` / ``value_cache[layer]`` (of
+        ``slot``'s cache) that holds position ``pos``, or None when the
+        layer's ring no longer holds it (or it was never written)."""
         if not 0 <= layer < self.n_layers:
             raise IndexError(f"cache_row: layer {layer} outside [0, {self.n_layers})")
-        cdef LayerCache* kv = &self.caches[layer]
-        if not 0 <= pos < self.high or pos < self.high - kv.rows:
+        self._check_slot(slot)
+        cdef LayerCache* kv = &self.caches[slot * self.n_layers + layer]
+        cdef Py_ssize_t high = self.highs[slot]
+        if not 0 <= pos < high or pos < high - kv.rows:
             return None
         return pos % kv.rows
 
-    def resumable(self, Py_ssize_t pos):
-        """True when a run can start at ``pos`` (0 <= pos <= high): every
-        layer still holds the positions before ``pos`` that it attends to.
-        A ring keeps its last rows positions; once a run has gone further
-        than that past ``pos``, ``pos`` can only be reached again from 0."""
-        cdef Py_ssize_t layer, first
+    def resumable(self, Py_ssize_t pos, Py_ssize_t slot=0):
+        """True when a run of ``slot`` can start at ``pos`` (0 <= pos <=
+        slot_high(slot)): every layer still holds the positions before
+        ``pos`` that it attends to. A ring keeps its last rows positions;
+        once a run has gone further than that past ``pos``, ``pos`` can only
+        be reached again from 0."""
+        self._check_slot(slot)
+        cdef Py_ssize_t layer, first, high = self.highs[slot]
+        cdef const LayerCache* kv = &self.caches[slot * self.n_layers]
         if pos == 0:
             return True
-        if not 0 < pos <= self.high:
+        if not 0 < pos <= high:
             return False
         for layer in range(self.n_layers):
-            first = _window_start(pos, self.caches[layer].window)
-            if first < self.high - self.caches[layer].rows:
+            first = _window_start(pos, kv[layer].window)
+            if first < high - kv[layer].rows:
                 return False
         return True
 
-    cdef int _check_run(self, Py_ssize_t pos, Py_ssize_t n) except -1:
-        """IndexError unless positions pos .. pos+n-1 fit the cache and a run can start at pos."""
+    cdef int _check_run(self, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t slot=0) except -1:
+        """IndexError unless positions pos .. pos+n-1 fit the cache and a run of ``slot`` can start at pos."""
         if not 0 <= pos <= self.cache_len - n:
             raise IndexError(f"run: positions {pos}..{pos + n - 1} outside the KV cache [0, {self.cache_len})")
-        if not self.resumable(pos):
+        if not self.resumable(pos, slot):
             raise IndexError(f"run: position {pos} cannot be run again: the sliding-window layers' cache "
                              f"(a ring) no longer holds the positions before it; run again from position 0")
         return 0
@@ -685,6 +744,89 @@ cdef class FastModel:
             done = self.run_blocks(&tok, 1, pos, True)
         return done
 
+    def run_batch(self, ids, seg_slots, seg_pos, seg_lens, want_logits):
+        """One block of several slots' rows, GIL released: segment i runs
+        ``seg_lens[i]`` ids of ``ids`` (int32, the segments' ids one after
+        another, at most BLOCK in all) at positions seg_pos[i] .. of slot
+        seg_slots[i] (each slot at most once); the segments with
+        ``want_logits[i]`` get the logits of their last position, in order,
+        in the rows of ``batch_logits``. A segment from position 0 empties
+        its slot's cache first. Every index is checked here (IndexError,
+        ValueError): the step never sees a bad one.
+
+        Returns the number of rows when every row stayed finite; else the
+        first row that went non-finite (``row_status`` says where, per row).
+        """
+        cdef const int32_t[::1] tv, sv, pv, lv, wv
+        for name, a in (("ids", ids), ("seg_slots", seg_slots), ("seg_pos", seg_pos), ("seg_lens", seg_lens),
+                        ("want_logits", want_logits)):
+            _array(a, name, np.int32, (1,))
+        tv, sv, pv, lv, wv = ids, seg_slots, seg_pos, seg_lens, want_logits
+        cdef Py_ssize_t S = sv.shape[0], T = tv.shape[0], i, j, t = 0, done, slot
+        if S == 0 or not (pv.shape[0] == lv.shape[0] == wv.shape[0] == S):
+            raise ValueError(f"run_batch: {S} segment slots, {pv.shape[0]} positions, {lv.shape[0]} lengths, "
+                             f"{wv.shape[0]} logits flags: expected one of each per segment, at least one")
+        if len(set(seg_slots.tolist())) != S:
+            raise ValueError("run_batch: a slot appears in more than one segment")
+        if any(n < 1 for n in seg_lens.tolist()) or sum(seg_lens.tolist()) != T:
+            raise ValueError(f"run_batch: segment lengths {seg_lens.tolist()} must be >= 1 and sum to len(ids) = {T}")
+        if T > BLOCK:
+            raise ValueError(f"run_batch: {T} rows, at most {BLOCK} per call")
+        for i in range(S):
+            self._check_slot(sv[i])
+            self._check_run(pv[i], lv[i], sv[i])
+        for i in range(T):
+            if not 0 <= tv[i] < self.vocab_size:
+                raise IndexError(f"run_batch: token id {tv[i]} outside the vocabulary [0, {self.vocab_size})")
+        self.n_out = 0
+        for i in range(S):
+            slot = sv[i]
+            if pv[i] == 0:
+                self.highs[slot] = 0
+            for j in range(lv[i]):
+                self.row_slot[t], self.row_pos[t] = slot, pv[i] + j
+                t += 1
+            if wv[i]:
+                self.out_row[self.n_out] = t - 1
+                self.n_out += 1
+        with nogil:
+            done = self.run_rows(&tv[0], T)
+        for i in range(S):  # each segment wrote its rows, however the block ended
+            if pv[i] + lv[i] > self.highs[sv[i]]:
+                self.highs[sv[i]] = pv[i] + lv[i]
+        return done
+
+    def copy_slot(self, Py_ssize_t src, Py_ssize_t dst, Py_ssize_t n_pos):
+        """Slot ``dst`` takes slot ``src``'s keys and values of positions 0 ..
+        n_pos-1 (bit for bit: a copy) and forgets the rest: sequences that
+        share a prompt run it once. ``src`` must still hold what position
+        n_pos needs (``resumable(n_pos, src)``)."""
+        self._check_slot(src)
+        self._check_slot(dst)
+        if src == dst:
+            raise ValueError("copy_slot: src and dst are the same slot")
+        if not 0 < n_pos <= self.highs[src] or not self.resumable(n_pos, src):
+            raise IndexError(f"copy_slot: slot {src} does not hold positions 0 .. {n_pos - 1} "
+                             f"(it has run to {self.highs[src]})")
+        cdef Py_ssize_t layer, head, n, hd = self.head_dim
+        cdef const LayerCache* a
+        cdef LayerCache* b
+        for layer in range(self.n_layers):
+            a = &self.caches[src * self.n_layers + layer]
+            b = &self.caches[dst * self.n_layers + layer]
+            n = min(n_pos, a.rows)  # a ring holds its last rows positions: all of its rows then
+            for head in range(self.n_kv_heads):
+                memcpy(b.keys + head * b.rows * hd, a.keys + head * a.rows * hd, n * hd * sizeof(float))
+                memcpy(b.values + head * b.rows * hd, a.values + head * a.rows * hd, n * hd * sizeof(float))
+        self.highs[dst] = n_pos
+
+    def row_status(self, Py_ssize_t n):
+        """Per row of the last block (n rows): -2 (finite), or where it went
+        non-finite (-1 the embedding, a layer, n_layers the logits)."""
+        if not 0 <= n <= BLOCK:
+            raise ValueError(f"row_status: n = {n} outside [0, {BLOCK}]")
+        return np.array([self.bad_at[i] for i in range(n)], dtype=np.int32)
+
     # -----------------------------------------------------------------------
     # The forward pass (reads like reference/model.py and reference/layers.py,
     # each layer over a block of T positions: row t of a (T, width) buffer
@@ -699,12 +841,12 @@ cdef class FastModel:
         position went non-finite and returns that position's index."""
         cdef Py_ssize_t lo = 0, t, size
         if pos0 == 0:  # a run from the start: nothing cached before it counts
-            self.high = 0
+            self.highs[0] = 0
         while lo < n:
             size = min(<Py_ssize_t> BLOCK, n - lo)
             t = self.run_block(ids + lo, size, pos0 + lo, want_logits and lo + size == n)
-            if pos0 + lo + size > self.high:  # the block wrote its rows, however it ended
-                self.high = pos0 + lo + size
+            if pos0 + lo + size > self.highs[0]:  # the block wrote its rows, however it ended
+                self.highs[0] = pos0 + lo + size
             if t < size:
                 return lo + t
             lo += size
@@ -712,21 +854,31 @@ cdef class FastModel:
 
     cdef Py_ssize_t run_block(self, const int32_t* ids, Py_ssize_t T, Py_ssize_t pos0,
                               bint want_logits) except -1 nogil:
-        """Positions pos0 .. pos0+T-1 (T <= BLOCK): x = embed; x = block(x) for
-        each layer; final_norm and logits (when want_logits) of the last
-        position into self.out. Returns T, or the first position that went
-        non-finite (first_bad says where)."""
-        cdef Py_ssize_t layer, t, half = self.head_dim // 2, dim = self.dim
+        """Positions pos0 .. pos0+T-1 (T <= BLOCK) of slot 0: run_rows with
+        the logits (when want_logits) of the last position."""
+        cdef Py_ssize_t t
+        for t in range(T):
+            self.row_slot[t], self.row_pos[t] = 0, pos0 + t
+        self.n_out = 1 if want_logits else 0
+        self.out_row[0] = T - 1
+        return self.run_rows(ids, T)
+
+    cdef Py_ssize_t run_rows(self, const int32_t* ids, Py_ssize_t T) except -1 nogil:
+        """The block's T rows (row_slot, row_pos; T <= BLOCK): x = embed;
+        x = block(x) for each layer; final_norm and logits of the rows
+        out_row[0 .. n_out-1] into self.out's rows, in one product. Returns
+        T, or the first row that went non-finite (first_bad says where)."""
+        cdef Py_ssize_t layer, t, i, half = self.head_dim // 2, dim = self.dim
         cdef int table
         for t in range(T):
             for table in range(2):
                 k_rope_cos_sin(self.rope_cos + (2 * t + table) * half, self.rope_sin + (2 * t + table) * half,
-                               self.head_dim, pos0 + t, self.rope_bases[table])
-            self.embed(self.x + t * dim, ids[t], pos0 + t)  # (dim,)
+                               self.head_dim, self.row_pos[t], self.rope_bases[table])
+            self.embed(self.x + t * dim, ids[t], self.row_pos[t])  # (dim,)
             self.bad_at[t] = ALL_FINITE if k_all_finite(self.x + t * dim, dim) else -1
         self.observe(0, self.x, dim)
         for layer in range(self.n_layers):
-            self.block(self.x, &self.layers[layer], layer, pos0, T)  # (T, dim)
+            self.block(self.x, &self.layers[layer], layer, T)  # (T, dim)
             for t in range(T):
                 if self.bad_at[t] == ALL_FINITE and not k_all_finite(self.x + t * dim, dim):
                     self.bad_at[t] = layer
@@ -736,27 +888,30 @@ cdef class FastModel:
             self.states_at += T
         self.final_norm(self.xb, self.x + (T - 1) * dim)  # (dim,)
         self.observe(self.trace_head, self.xb, dim)
-        if want_logits:
-            self.logits(self.out, self.xb)  # (vocab,)
+        if self.n_out > 0:
+            for i in range(self.n_out):
+                self.final_norm(self.xb + i * dim, self.x + self.out_row[i] * dim)  # (n_out, dim)
+            self.logits(self.out, self.xb, self.n_out)  # (n_out, vocab)
             self.observe(self.trace_head + dim, self.out, self.vocab_size)
+            for i in range(self.n_out):
+                t = self.out_row[i]
+                if self.bad_at[t] == ALL_FINITE and not k_all_finite(self.out + i * self.vocab_size,
+                                                                     self.vocab_size):
+                    self.bad_at[t] = self.n_layers
         self.first_bad = ALL_FINITE
         for t in range(T):
             if self.bad_at[t] != ALL_FINITE:
                 self.first_bad = self.bad_at[t]
                 return t
-        if want_logits and not k_all_finite(self.out, self.vocab_size):
-            self.first_bad = self.n_layers
-            return T - 1
         return T
 
-    cdef int block(self, float* x, const LayerWeights* w, Py_ssize_t layer, Py_ssize_t pos0,
-                   Py_ssize_t T) except -1 nogil:
+    cdef int block(self, float* x, const LayerWeights* w, Py_ssize_t layer, Py_ssize_t T) except -1 nogil:
         """One transformer layer on x (T, dim) in place:
         x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x))."""
         cdef Py_ssize_t dim = self.dim
         self.rmsnorm(self.xb, x, w.attn_norm, dim, T)  # (T, dim)
         self.observe_layer(layer, OP_ATTN_NORM, self.xb, dim)
-        self.attention(self.xb2, self.xb, w, layer, pos0, T)  # (T, dim)
+        self.attention(self.xb2, self.xb, w, layer, T)  # (T, dim)
         if w.post_attn_norm != NULL:
             self.rmsnorm(self.xb2, self.xb2, w.post_attn_norm, dim, T)
         self.observe_layer(layer, OP_ATTN, self.xb2, dim)
@@ -807,19 +962,21 @@ cdef class FastModel:
             k_gemm(out, w, x, T, self.gemm_scratch)
 
     cdef int attention(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t layer,
-                       Py_ssize_t pos0, Py_ssize_t T) except -1 nogil:
-        """Self-attention of one layer over positions pos0 .. pos0+T-1:
-        xn (T, dim) -> out (T, dim).
+                       Py_ssize_t T) except -1 nogil:
+        """Self-attention of one layer over the block's rows: xn (T, dim) ->
+        out (T, dim); row t is position row_pos[t] of slot row_slot[t].
 
         k and v of the block are computed straight into the cache rows of its
-        positions (rotated key, raw value); then query head h of position t
-        reads kv head h * nkv // nh over the positions start .. pos0+t of its
-        window (causal: never a later position of the block). The query heads
-        of one kv head over a tile of up to ATT_TILE positions go together,
-        each row's scores and sums taking the steps one position alone takes."""
+        positions, each in its slot's cache (rotated key, raw value); then
+        query head h of a row reads kv head h * nkv // nh of its slot over
+        the positions start .. its own of its window (causal: never a later
+        position of the block). The query heads of one kv head over a tile of
+        up to ATT_TILE consecutive rows of one segment (one slot) go
+        together, each row's scores and sums taking the steps one position
+        alone takes."""
         cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads, kvd = self.kv_dim
-        cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, t, row, head
-        cdef LayerCache* kv = &self.caches[layer]
+        cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, t, row, head, seg_end
+        cdef LayerCache* kv
         cdef float* k = self.k_block  # (T, nkv, hd)
         cdef float* v = self.v_block  # (T, nkv, hd)
         self.matmul(self.q, &w.q_proj, x, T)  # (T, nh, hd)
@@ -834,34 +991,42 @@ cdef class FastModel:
         self.observe_layer(layer, OP_Q, self.q, qd)
         self.observe_layer(layer, OP_K, k, kvd)
         self.observe_layer(layer, OP_V, v, kvd)
-        for t in range(T):  # into the cache rows of positions pos0 .. pos0+T-1
-            row = (pos0 + t) % kv.rows
+        for t in range(T):  # into the cache rows of the rows' positions, in their slots
+            kv = &self.caches[self.row_slot[t] * self.n_layers + layer]
+            row = self.row_pos[t] % kv.rows
             for head in range(nkv):
                 memcpy(kv.keys + (head * kv.rows + row) * hd, k + t * kvd + head * hd, hd * sizeof(float))
                 memcpy(kv.values + (head * kv.rows + row) * hd, v + t * kvd + head * hd, hd * sizeof(float))
 
         cdef Py_ssize_t t0 = 0, n_pos, h, g, n_group
         while t0 < T:
-            n_pos = ATT_TILE if T - t0 > ATT_TILE else T - t0
-            h = 0
-            while h < nh:
-                g = h * nkv // nh
-                n_group = 1
-                while h + n_group < nh and (h + n_group) * nkv // nh == g:
-                    n_group += 1
-                self.attend_tile(w, layer, self.q + t0 * qd + h * hd, pos0 + t0, n_pos, n_group, g)
-                for t in range(n_pos):
-                    memcpy(self.ao + (t0 + t) * qd + h * hd, self.ao_tile + t * n_group * hd,
-                           n_group * hd * sizeof(float))
-                h += n_group
-            t0 += n_pos
+            seg_end = t0 + 1  # the segment: rows of one slot at consecutive positions
+            while seg_end < T and self.row_slot[seg_end] == self.row_slot[t0] \
+                    and self.row_pos[seg_end] == self.row_pos[seg_end - 1] + 1:
+                seg_end += 1
+            kv = &self.caches[self.row_slot[t0] * self.n_layers + layer]
+            while t0 < seg_end:
+                n_pos = ATT_TILE if seg_end - t0 > ATT_TILE else seg_end - t0
+                h = 0
+                while h < nh:
+                    g = h * nkv // nh
+                    n_group = 1
+                    while h + n_group < nh and (h + n_group) * nkv // nh == g:
+                        n_group += 1
+                    self.attend_tile(w, kv, self.q + t0 * qd + h * hd, self.row_pos[t0], n_pos, n_group, g)
+                    for t in range(n_pos):
+                        memcpy(self.ao + (t0 + t) * qd + h * hd, self.ao_tile + t * n_group * hd,
+                               n_group * hd * sizeof(float))
+                    h += n_group
+                t0 += n_pos
         self.observe_layer(layer, OP_ATTN_OUT, self.ao, qd)
         self.matmul(out, &w.o_proj, self.ao, T)  # (T, dim)
         return 0
 
-    cdef int attend_tile(self, const LayerWeights* w, Py_ssize_t layer, const float* q, Py_ssize_t pos1,
+    cdef int attend_tile(self, const LayerWeights* w, const LayerCache* kv, const float* q, Py_ssize_t pos1,
                          Py_ssize_t n_pos, Py_ssize_t n_group, Py_ssize_t g) except -1 nogil:
-        """n_group query heads that read kv head g, of positions pos1 ..
+        """n_group query heads that read kv head g of the cache ``kv`` (one
+        slot's layer), of positions pos1 ..
         pos1+n_pos-1: q (n_pos rows qd apart, n_group, hd) -> ao_tile
         (n_pos, n_group, hd).
 
@@ -878,7 +1043,6 @@ cdef class FastModel:
         cdef Py_ssize_t c1 = pos1 + 1 if pos1 + 1 > c0 else c0
         cdef float* att = &self.att[0]  # (rows, cache_len): row r's score of position lo + i at i
         cdef float* score
-        cdef const LayerCache* kv = &self.caches[layer]
         for p in range(n_pos):
             memcpy(self.q_tile + p * n_group * hd, q + p * qd, n_group * hd * sizeof(float))
         self.scores_of(att, cl, rows, kv, g, lo, hi)
@@ -949,11 +1113,13 @@ cdef class FastModel:
         """RMSNorm with the final gain: (dim,) -> out (dim,)."""
         self.rmsnorm(out, x, self.final_gain, self.dim, 1)
 
-    cdef inline void logits(self, float* out, const float* x) noexcept nogil:
-        """lm_head . x, soft-capped when final_softcap > 0: (dim,) -> out (vocab,)."""
-        self.matmul(out, &self.lm_head, x, 1)
+    cdef inline void logits(self, float* out, const float* x, Py_ssize_t T) noexcept nogil:
+        """lm_head . x, soft-capped when final_softcap > 0: (T, dim) -> out (T, vocab)."""
+        cdef Py_ssize_t t
+        self.matmul(out, &self.lm_head, x, T)
         if self.final_softcap > 0:
-            k_softcap(out, self.vocab_size, self.final_softcap)
+            for t in range(T):
+                k_softcap(out + t * self.vocab_size, self.vocab_size, self.final_softcap)
 
     # -----------------------------------------------------------------------
     # Trace

@@ -20,18 +20,27 @@ Q8_SPEED = ("prefill ~1.6x faster with AVX-512 VNNI, ~1.2x with AVX2; decode abo
 __all__ = ["ACTIVATION_MODES", "DEFAULT_ENGINE", "ENGINES", "Q8_SPEED", "make_engine"]
 
 
-def make_engine(name: str, weights: Weights, max_cache_len: int, activations: str = "f32"):
+def check_max_sequences(max_sequences) -> int:
+    if isinstance(max_sequences, bool) or not isinstance(max_sequences, int) or not 1 <= max_sequences <= 4096:
+        raise ParameterError(f"max_sequences = {max_sequences!r}, must be an integer in [1, 4096]")
+    return max_sequences
+
+
+def make_engine(name: str, weights: Weights, max_cache_len: int, activations: str = "f32", max_sequences: int = 1):
     """Build engine ``name`` ("reference" or "fast") with a KV cache of
     min(max_cache_len, model max) positions. ``activations``: "f32" (the
     default) or "q8", the opt-in mode that quantizes every matrix input
     to int8 per block of 32 (docs/numerics.md#activation-modes: both engines do it bit for bit the
-    same way; it costs fidelity, so it is never the default)."""
+    same way; it costs fidelity, so it is never the default). ``max_sequences``:
+    the slots of its ``batch`` engine (several sequences at once; slot 0 is
+    the engine's own cache)."""
     cache_length(max_cache_len, weights.config)  # ParameterError unless an integer > 0
     check_activation_mode(activations, weights.config, weights.tensors)  # ParameterError unless the model can run it
+    check_max_sequences(max_sequences)
     if name == "reference":
         from gemma_cy_reference.model import ReferenceEngine
-        return ReferenceEngine(weights, max_cache_len, activations)
+        return ReferenceEngine(weights, max_cache_len, activations, n_slots=max_sequences)
     if name == "fast":
         from ..fast.engine import FastEngine
-        return FastEngine(weights, max_cache_len, activations=activations)
+        return FastEngine(weights, max_cache_len, activations=activations, n_slots=max_sequences)
     raise ParameterError(f"engine = {name!r}, expected one of {ENGINES}")

@@ -42,6 +42,18 @@ class Engine(Protocol):
 
 
 @dataclass(frozen=True)
+class Forward:
+    """What a generation asks of its engine between Steps: run ``ids`` at the
+    next positions (``prefill``: the prompt; else one decode step) and send
+    back the logits of the last. ``Generation._run`` answers at once on its
+    own engine; the batch scheduler (gemma_cy.generation.batch) answers many
+    generations' requests in one pass over the weights."""
+
+    ids: list[int]
+    prefill: bool
+
+
+@dataclass(frozen=True)
 class Step:
     """One generated token and the text it completes (may be "" while a
     multi-byte character is still incomplete). The last Step may carry
@@ -122,8 +134,7 @@ class Generation:
                  stop: str | Iterable[str] | None = None, logits_processor=None,
                  accept_token: Callable[[int], bool] | None = None, penalties: Penalties | None = None,
                  session: Session | None = None):
-        if isinstance(n_dec, bool) or not isinstance(n_dec, int) or n_dec < 0:
-            raise ParameterError(f"n_dec = {n_dec!r}, must be an integer >= 0")
+        self.check_n_dec(n_dec)
         if accept_token is not None and not callable(accept_token):
             raise ParameterError(f"accept_token must be a callable (id -> bool), got {accept_token!r}")
         self.engine, self.tokenizer, self.sampler = engine, tokenizer, sampler
@@ -150,6 +161,12 @@ class Generation:
         self._reason: str | None = None
         self._started = False
         self._iterator = self._run()
+
+    @staticmethod
+    def check_n_dec(n_dec) -> int:
+        if isinstance(n_dec, bool) or not isinstance(n_dec, int) or n_dec < 0:
+            raise ParameterError(f"n_dec = {n_dec!r}, must be an integer >= 0")
+        return n_dec
 
     @property
     def stop_reason(self) -> str | None:
@@ -210,12 +227,33 @@ class Generation:
         self._reason, self.stop_token = reason, token
 
     def _run(self) -> Iterator[Step]:
+        """The generation on its own engine: ``machine``'s Forward requests
+        answered at once, its Steps passed on."""
+        machine = self.machine()
+        try:
+            request = next(machine)
+            while True:
+                if isinstance(request, Forward):
+                    if request.prefill:
+                        logits = self.engine.prefill(request.ids, self.observer)
+                    else:
+                        logits = self.engine.decode(request.ids[0], self.observer)
+                    request = machine.send(logits)
+                else:
+                    yield request
+                    request = next(machine)
+        except StopIteration:
+            return
+
+    def machine(self) -> Iterator[Step | Forward]:
+        """The generate loop without an engine: yields a Forward where it
+        needs logits (and is sent them), and a Step per token shown."""
         budget = self.max_new_tokens
         decoder = self.tokenizer.stream_decoder(prev_id=self.prompt_ids[-1])
         stops = StopStrings(self.stop)
         ids = self.session.ids
         start = time.perf_counter()
-        logits = self.engine.prefill(self.prompt_ids, self.observer)
+        logits = yield Forward(self.prompt_ids, prefill=True)
         ids.extend(self.prompt_ids)
         self.timing.prefill_seconds = time.perf_counter() - start
         self.timing.prefill_tokens = len(self.prompt_ids)
@@ -241,7 +279,7 @@ class Generation:
                 return
             yield Step(token, shown)
             if len(self.generated_ids) < budget:
-                logits = self.engine.decode(token, self.observer)
+                logits = yield Forward([token], prefill=False)
                 ids.append(token)
                 self.timing.decode_tokens += 1
                 self.timing.decode_seconds = time.perf_counter() - decode_start

@@ -158,3 +158,76 @@ class CheckedEngine:
         len(ids), and return the logits (vocab,) f32 as a new array the
         caller owns; NumericalError on a non-finite step."""
         raise NotImplementedError
+
+
+class CheckedBatchEngine:
+    """The interface of the batch engines (gemma_cy.fast.batch.FastBatchEngine,
+    gemma_cy_reference.batch.ReferenceBatchEngine): ``n_slots`` sequences,
+    each with its own KV cache and ``pos[slot]`` (positions filled), and a
+    ``step`` that advances several of them in one pass over the weights
+    (docs/architecture.md#batching). Every slot, id and position is checked
+    here, so an engine's ``_step`` only sees valid ones. Attributes the
+    engine sets: ``config``, ``cache_len`` (positions of each slot's cache),
+    ``n_slots`` and ``pos`` (a list, per slot)."""
+
+    config: ModelConfig
+    cache_len: int
+    n_slots: int
+    pos: list[int]
+
+    def _slot(self, slot) -> int:
+        slot = operator.index(slot)
+        if not 0 <= slot < self.n_slots:
+            raise TokenIndexError(f"slot {slot} outside [0, {self.n_slots})")
+        return slot
+
+    def reset(self, slot: int) -> None:
+        """Forget every position of ``slot``: its next run starts at position 0."""
+        self.pos[self._slot(slot)] = 0
+
+    def rewind(self, slot: int, pos: int) -> int:
+        """Forget positions ``pos`` and later of ``slot`` (CheckedEngine.rewind)."""
+        slot, pos = self._slot(slot), operator.index(pos)
+        if not 0 <= pos <= self.pos[slot]:
+            raise TokenIndexError(f"slot {slot}: rewind to position {pos}: only 0 .. {self.pos[slot]} are filled")
+        self.pos[slot] = pos
+        return pos
+
+    def copy(self, src: int, dst: int) -> None:
+        """Slot ``dst`` takes slot ``src``'s positions (its KV cache, bit for
+        bit) and forgets its own: sequences that share a prompt run it once."""
+        src, dst = self._slot(src), self._slot(dst)
+        if src == dst:
+            raise ParameterError(f"copy: slot {src} onto itself")
+        if self.pos[src] == 0:
+            raise ParameterError(f"copy: slot {src} holds no positions")
+        self._copy(src, dst)
+        self.pos[dst] = self.pos[src]
+
+    def _copy(self, src: int, dst: int) -> None:
+        raise NotImplementedError
+
+    def step(self, segments: Sequence[tuple[int, Sequence[int], bool]]) -> list[np.ndarray]:
+        """Run each ``(slot, ids, want_logits)`` at the slot's next positions
+        (each slot at most once), the whole step in as few passes over the
+        weights as fit; return the logits (vocab,) f32 of the last position
+        of each segment that wants them, in order, as new arrays the caller
+        owns. A sequence's results do not depend on what else runs in the
+        step (docs/numerics.md#batch-invariance)."""
+        checked, seen = [], set()
+        for slot, ids, want in segments:
+            slot = self._slot(slot)
+            if slot in seen:
+                raise ParameterError(f"step: slot {slot} appears twice in one step")
+            seen.add(slot)
+            ids = check_prefill(ids, self.pos[slot], self.config.vocab_size, self.cache_len)
+            checked.append((slot, ids, bool(want)))
+        if not checked:
+            raise ParameterError("step: no segments to run")
+        return self._step(checked)
+
+    def _step(self, segments: list[tuple[int, list[int], bool]]) -> list[np.ndarray]:
+        """The engine's own: run the checked segments, advance ``pos`` of each
+        slot, return the wanted logits in order; NumericalError naming the
+        slot on a non-finite step."""
+        raise NotImplementedError
