@@ -122,6 +122,9 @@ KINDS = pytest.mark.parametrize("kind", ["int8", "q8_0"])
 @ISA
 @KINDS
 @pytest.mark.parametrize("T, rows, cols", [(2, 37, 96), (5, 37, 96), (16, 37, 96), (17, 37, 96), (33, 37, 96),
+                                           # a batch's decode step (2 .. 8 positions in one pass over the
+                                           # rows, eight rows summed at once and a rest)
+                                           (3, 19, 640), (8, 37, 96), (8, 16, 2048),
                                            # past a pass of 64 positions, row tiles of 6 and their rest
                                            (67, 70, 640), (130, 12, 256),
                                            # matrices of 1 or 2 rows (the GEMV); 6 + 2 rows (the last 3-row

@@ -190,6 +190,79 @@ cdef inline void _gemv_blocks(float* out, const uint8_t* blocks, const float* x,
         r += 1
 
 
+# Decode of several sequences (a batch step: a few positions, each of another
+# sequence): a Q8_0 or Q5_0 matrix read once for up to GEMV_POSITIONS
+# positions. Each block's weights are formed once (_block_weights) and
+# multiplied with every position's 32 values, each position keeping the
+# GEMV's two accumulators (first and last 16 values of each block) in the
+# GEMV's block order, and its lanes summed by _sum16x8 as the GEMV sums
+# them: every (row, position) result has the GEMV's bits
+# (docs/numerics.md#batch-invariance), for the cost of one pass over the
+# weights instead of the block GEMM's, built for prefill, which below 4
+# positions falls back to a dot product per row and position.
+cdef enum:
+    GEMV_POSITIONS = 8
+
+
+cdef inline void _gemv_blocks_positions(float* out, const uint8_t* blocks, const float* x, Py_ssize_t rows,
+                                        Py_ssize_t n_blocks, const Py_ssize_t T, bint q5_0) noexcept nogil:
+    """out[t * rows + r] = k_dot_q8_0 (k_dot_q5_0) of row r and position t
+    (x + t * 32 n_blocks), t < T <= GEMV_POSITIONS; T a constant where the
+    dispatcher calls it, so the accumulators stay in registers."""
+    cdef Py_ssize_t size = Q5_0_BYTES if q5_0 else Q8_0_BYTES, row_bytes = n_blocks * size, cols = n_blocks * Q8_0_BLOCK
+    cdef Py_ssize_t r = 0, i, k, t, n
+    cdef __m512 acc[2 * GEMV_POSITIONS]
+    cdef __m512 lanes[GEMV_POSITIONS * 8]  # (position, row of eight)
+    cdef __m512 w0, w1
+    cdef const uint8_t* b
+    cdef const float* xk
+    while r < rows:
+        n = 8 if rows - r >= 8 else 1
+        for i in range(n):
+            b = blocks + (r + i) * row_bytes
+            _prefetch_row(b, row_bytes)
+            for t in range(T):
+                acc[2 * t] = _mm512_setzero_ps()
+                acc[2 * t + 1] = acc[2 * t]
+            xk = x
+            for k in range(n_blocks):
+                _block_weights(&w0, &w1, b, q5_0)
+                for t in range(T):
+                    acc[2 * t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xk + t * cols), acc[2 * t])
+                    acc[2 * t + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xk + t * cols + 16), acc[2 * t + 1])
+                b += size
+                xk += Q8_0_BLOCK
+            for t in range(T):
+                lanes[t * 8 + i] = _mm512_add_ps(acc[2 * t], acc[2 * t + 1])
+        for t in range(T):
+            if n == 8:
+                _sum16x8(out + t * rows + r, lanes[t * 8], lanes[t * 8 + 1], lanes[t * 8 + 2], lanes[t * 8 + 3],
+                         lanes[t * 8 + 4], lanes[t * 8 + 5], lanes[t * 8 + 6], lanes[t * 8 + 7])
+            else:
+                out[t * rows + r] = _sum16(lanes[t * 8])
+        r += n
+
+
+cdef void _gemv_positions(float* out, const QMatrix* w, const float* x, Py_ssize_t T) noexcept nogil:
+    """_gemv_blocks_positions with T (2 .. GEMV_POSITIONS) as a constant."""
+    cdef bint q5_0 = w.layout == QLAYOUT_Q5_0
+    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK
+    if T == 2:
+        _gemv_blocks_positions(out, w.blocks, x, w.rows, nb, 2, q5_0)
+    elif T == 3:
+        _gemv_blocks_positions(out, w.blocks, x, w.rows, nb, 3, q5_0)
+    elif T == 4:
+        _gemv_blocks_positions(out, w.blocks, x, w.rows, nb, 4, q5_0)
+    elif T == 5:
+        _gemv_blocks_positions(out, w.blocks, x, w.rows, nb, 5, q5_0)
+    elif T == 6:
+        _gemv_blocks_positions(out, w.blocks, x, w.rows, nb, 6, q5_0)
+    elif T == 7:
+        _gemv_blocks_positions(out, w.blocks, x, w.rows, nb, 7, q5_0)
+    else:
+        _gemv_blocks_positions(out, w.blocks, x, w.rows, nb, 8, q5_0)
+
+
 cdef float k_dot_q8_0(const uint8_t* blocks, const float* x, Py_ssize_t n_blocks) noexcept nogil:
     return _dot_blocks(blocks, x, n_blocks, False)
 
@@ -527,6 +600,9 @@ cdef void _gemm(float* out, const QMatrix* w, const float* x, Py_ssize_t n_token
     cdef const Py_ssize_t* layout = NULL  # NULL: rows in place; else half (group-major)
     if not (blocks or q4_k or q4_1 or w.layout == QLAYOUT_AFFINE) or scratch == NULL:
         _gemm_by_rows(out, w, x, n_tokens)
+        return
+    if blocks and n_tokens <= GEMV_POSITIONS:  # a batch's decode step: one pass, the GEMV's bits
+        _gemv_positions(out, w, x, n_tokens)
         return
     if cols >= GEMM_GROUP_MAJOR_COLS:
         _halves(half, cols)
