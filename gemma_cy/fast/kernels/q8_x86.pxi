@@ -696,10 +696,31 @@ cdef void _panel_block(q8_m256i* y, float* sc, const QMatrix* w, const PanelRows
                 sc[16 + i] = _load_f32(at + 36)
 
 
+# A batch's decode step in the q8 mode (a few positions, each of another
+# sequence): the panels below repack every row into scratch per call, which
+# a prefill block of 64 positions repays and 2 do not (decoding 2 sequences
+# together ran slower than one). Up to Q8_ROW_POSITIONS positions, a Q8_0
+# matrix is read row after row, as the decode GEMV streams it, and each row
+# is multiplied with every position while it is in L1: each result is
+# k_dot_q8_0_q8, the GEMV's own product.
+cdef enum:
+    Q8_ROW_POSITIONS = 4
+
+
+cdef void _rows_q8_positions(float* out, const QMatrix* w, const int8_t* xq, const float* xd,
+                             Py_ssize_t n_tokens) noexcept nogil:
+    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, row_bytes = nb * Q8_0_BYTES, r, t
+    for r in range(w.rows):
+        _prefetch_row(w.blocks + r * row_bytes, row_bytes)
+        for t in range(n_tokens):
+            out[t * w.rows + r] = k_dot_q8_0_q8(w.blocks + r * row_bytes, xq + t * w.cols, xd + t * nb, nb)
+
+
 cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
                    float* scratch) noexcept nogil:
     """The x86 modules' k_gemm_q8: panels for a block of positions (each
-    module's _gemm_q8_panels: q8_avx2.pxi, q8_vnni.pxi; a Q5_0 matrix a tile
+    module's _gemm_q8_panels: q8_avx2.pxi, q8_vnni.pxi; a batch's few
+    positions through a Q8_0 matrix row after row, _rows_q8_positions; a Q5_0 matrix a tile
     of rows at a time converted to Q8_0, _gemm_converted); one position
     (decode: rows streamed from DRAM) row after row (a Q4_K matrix as
     stored, _gemv_q4_k_q8; records of 32 two rows at a time,
@@ -711,6 +732,8 @@ cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* 
         pass
     elif w.layout == QLAYOUT_Q4_1 and n_tokens == 1 and _gemv_q4_1_q8(out, w, xq, xd):
         pass
+    elif w.layout == QLAYOUT_Q8_0 and 2 <= n_tokens <= Q8_ROW_POSITIONS:
+        _rows_q8_positions(out, w, xq, xd, n_tokens)
     elif (w.layout == QLAYOUT_Q5_0 or w.layout == QLAYOUT_Q4_1) and n_tokens >= 2 and scratch != NULL:
         _gemm_converted(out, w, NULL, xq, xd, n_tokens, scratch)
     elif n_tokens < 2 or scratch == NULL or not _panel_layout(w):
