@@ -83,7 +83,8 @@ def llama_worker(args) -> dict:
     cparams.n_seq_max = b
     cparams.n_threads = cparams.n_threads_batch = 1
     ctx = llama_cpp.llama_init_from_model(model, cparams)
-    vocab = llama_cpp.llama_n_vocab(llama_cpp.llama_model_get_vocab(model))
+    n_tokens_of = getattr(llama_cpp, "llama_vocab_n_tokens", None) or llama_cpp.llama_n_vocab
+    vocab = n_tokens_of(llama_cpp.llama_model_get_vocab(model))
     batch = llama_cpp.llama_batch_init(max(512, b * n), 0, b)
 
     def run(rows: list[tuple[int, int, int, bool]]) -> list[int]:
@@ -138,6 +139,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no_peers", action="store_true")
+    p.add_argument("--peers_python", default=str(PEERS_PYTHON),
+                   help="a Python with llama-cpp-python (default: .venv-peers's, made by make bench-peers)")
     p.add_argument("--json", help="write every run's figures here")
     p.add_argument("--worker", choices=("gemma-cy", "llama.cpp"), dest="engine", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="f32", help=argparse.SUPPRESS)
@@ -157,10 +160,10 @@ def main() -> None:
     batches = [int(x) for x in args.batches.split(",")]
     engines = [("gemma-cy f32", [sys.executable, __file__, "--worker", "gemma-cy", "--mode", "f32"]),
                ("gemma-cy q8", [sys.executable, __file__, "--worker", "gemma-cy", "--mode", "q8"])]
-    if not args.no_peers and PEERS_PYTHON.exists():
-        engines.append(("llama.cpp", [str(PEERS_PYTHON), __file__, "--worker", "llama.cpp"]))
+    if not args.no_peers and Path(args.peers_python).exists():
+        engines.append(("llama.cpp", [args.peers_python, __file__, "--worker", "llama.cpp"]))
     elif not args.no_peers:
-        print(f"(llama.cpp skipped: no {PEERS_PYTHON}; make bench-peers creates it)")
+        print(f"(llama.cpp skipped: no {args.peers_python}; make bench-peers creates .venv-peers)")
     host = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                 "?")
     print(f"host: {host}; Gemma 3 270M Q4_K_M, prompts {args.prompt}, {args.steps} steps, medians of {args.repeat}")
