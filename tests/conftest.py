@@ -31,3 +31,15 @@ def tiny_model(tiny, tiny_model_path) -> Model:
     """A Model over the tiny weights with the fixture's tokenizer (for
     prompts and chat ids) and a reference engine of 256 positions."""
     return Model(tiny, GreedyTokenizer.from_file(str(tiny_model_path) + ".tok"), "reference", 256)
+
+
+@pytest.fixture(scope="session")
+def default_model() -> str:
+    """The packaged Gemma 3 270M's GGUF path (what `make run` installs), or a skip saying so."""
+    from gemma_cy.errors import GemmaCyError
+    from gemma_cy.formats.packaged import default_model_path
+
+    try:
+        return default_model_path(progress=False)
+    except GemmaCyError as e:
+        pytest.skip(f"the default model package is not installed ({e})")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gemma_cy import api
-from gemma_cy.errors import GemmaCyError, ModelFormatError, TemplateError
+from gemma_cy.errors import ModelFormatError, TemplateError
 from gemma_cy.formats.gguf_writer import write_gguf
 from gemma_cy.tokenizers.bpe import BPETokenizer
 from gemma_cy.tokenizers.chat import chat_ids, chat_template_for
@@ -95,15 +95,6 @@ def test_hostile_and_runaway_templates_in_a_file_are_refused(kind, source, match
 # ---------------------------------------------------------------- the real Gemma 3 file
 
 
-@pytest.fixture(scope="module")
-def gemma_path() -> str:
-    from gemma_cy.formats.packaged import default_model_path
-    try:
-        return default_model_path(progress=False)
-    except GemmaCyError as e:
-        pytest.skip(f"the default model package is not installed ({e})")
-
-
 def with_template(source_path: str, out: Path, template: str) -> str:
     """``source_path`` with its chat template set by llama.cpp's gguf-new-metadata."""
     tool = Path(sys.executable).parent / "gguf-new-metadata"
@@ -115,12 +106,12 @@ def with_template(source_path: str, out: Path, template: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def custom_gemma(gemma_path, tmp_path_factory) -> str:
-    return with_template(gemma_path, tmp_path_factory.mktemp("custom") / "custom.gguf", CUSTOM)
+def custom_gemma(default_model, tmp_path_factory) -> str:
+    return with_template(default_model, tmp_path_factory.mktemp("custom") / "custom.gguf", CUSTOM)
 
 
-def test_the_packaged_base_model_has_no_template_and_gets_gemmas(gemma_path):
-    assert api.load(gemma_path, max_cache_len=64).chat_template.name == "gemma"
+def test_the_packaged_base_model_has_no_template_and_gets_gemmas(default_model):
+    assert api.load(default_model, max_cache_len=64).chat_template.name == "gemma"
 
 
 def test_a_gemma_files_own_template_is_rendered(custom_gemma):
@@ -142,7 +133,7 @@ def test_a_gemma_files_own_template_is_rendered(custom_gemma):
     assert json.loads(out.stdout)["prompt_ids"] == want
 
 
-def test_a_hostile_template_in_a_gemma_file_is_one_line(gemma_path, tmp_path):
-    path = with_template(gemma_path, tmp_path / "hostile.gguf", HOSTILE)
+def test_a_hostile_template_in_a_gemma_file_is_one_line(default_model, tmp_path):
+    path = with_template(default_model, tmp_path / "hostile.gguf", HOSTILE)
     out = cli("-m", path, "--chat_format", "1", "-p", "hi", "-n", "1", timeout=300)
     assert_one_line_error(out, "chat template refused by the sandbox", code=1)

@@ -233,17 +233,6 @@ def write_llama_gguf(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def default_model() -> str:
-    from gemma_cy.errors import GemmaCyError
-    from gemma_cy.formats.packaged import default_model_path
-
-    try:
-        return default_model_path(progress=False)
-    except GemmaCyError as e:
-        pytest.skip(f"the default model package is not installed ({e})")
-
-
-@pytest.fixture(scope="module")
 def workdir(tmp_path_factory, default_model) -> Path:
     """What the examples name, relative to where they run: model.gguf (the
     default model), model.q8_0.gguf (its conversion, as the example before

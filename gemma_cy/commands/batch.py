@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import GemmaCyError, ParameterError
 from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES, check_max_sequences
-from .flags import EXIT_ERROR, EXIT_INTERRUPTED, OneLineParser, UsageError, int_flag
+from .flags import EXIT_ERROR, EXIT_INTERRUPTED, OneLineParser, UsageError, int_flag, read_utf8
 
 # Request keys besides the sampling keywords (gemma_cy.api._SEQUENCE_KEYWORDS).
 PROMPT_KEYS = ("prompt", "prompt_ids", "messages")
@@ -49,10 +49,9 @@ def parse_request(model, line: str) -> tuple[list[int], dict[str, Any], Any]:
     if given[0] == "messages":
         ids = model.chat_ids(request["messages"])
     elif given[0] == "prompt_ids":
-        value = request["prompt_ids"]
-        if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        if not isinstance(request["prompt_ids"], list):  # (a string would be read as text)
             raise ParameterError("prompt_ids must be a list of integers")
-        ids = model.prompt_ids(value)
+        ids = model.prompt_ids(request["prompt_ids"])  # its ids checked there
     else:
         if not isinstance(request["prompt"], str):
             raise ParameterError("prompt must be a string")
@@ -168,17 +167,7 @@ def run(args) -> int:
         raise UsageError(f"--max_cache_len = {args.max_cache_len}, must be > 0")
     if args.input != "-" and os.path.abspath(args.input) == os.path.abspath(args.output):
         raise UsageError("batch: the output must not be the input file")
-    try:
-        if args.input == "-":
-            data = sys.stdin.buffer.read()
-        else:
-            with open(args.input, "rb") as f:
-                data = f.read()
-        text = data.decode("utf-8")
-    except OSError as e:
-        raise ParameterError(f"{args.input}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise ParameterError(f"{args.input}: not UTF-8 text (byte at offset {e.start})") from None
+    text = read_utf8(args.input, "batch: input")
     lines = [line for line in text.splitlines() if line.strip()]
     if not args.weights:
         from ..formats.packaged import default_model_path

@@ -21,7 +21,7 @@ from ..quant.tensors import Int8Tensor
 
 from . import batch as batch_command
 from .flags import (EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, OneLineParser, UsageError, float_flag,  # noqa: F401
-                    id_list_flag, int_flag)
+                    id_list_flag, int_flag, read_utf8)
 
 
 SUBCOMMAND_HELP = """subcommands:
@@ -395,28 +395,17 @@ def build_eval_parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_text_file(path: str) -> str:
-    """The UTF-8 text of ``path``, or ParameterError in one line: a file
-    that cannot be read, or bytes that are not UTF-8 text (a binary file)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ParameterError(f"--text {path}: cannot read ({e.strerror})") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ParameterError(f"--text {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
-                             f"give a text file") from None
-
-
 def check_eval_args(args) -> None:
     """Every eval flag checked before the model loads or a chunk runs."""
+    from ..generation.evaluation import check_ctx_value
+
     has_baseline = bool(args.against or args.against_engine or args.against_activations)
     if args.chunks is not None and args.chunks < 1:
         raise UsageError(f"--chunks = {args.chunks}, must be >= 1")
-    if args.ctx < 4 or args.ctx % 2:
-        raise UsageError(f"--ctx = {args.ctx}, must be an even integer >= 4")
+    try:
+        check_ctx_value(args.ctx)
+    except ParameterError as e:
+        raise UsageError(f"--{e}") from None
     if args.per_layer and not has_baseline:
         raise UsageError("--per_layer needs a baseline: --against, --against_engine or --against_activations")
     if args.per_layer and not 1 <= args.per_layer_positions <= args.ctx:
@@ -441,7 +430,7 @@ def run_eval(args) -> int:
     from .. import api
 
     check_eval_args(args)
-    text = read_text_file(args.text)
+    text = read_utf8(args.text, "--text")
     if not args.weights:
         from ..formats.packaged import default_model_path
         args.weights = default_model_path()

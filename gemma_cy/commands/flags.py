@@ -48,3 +48,23 @@ def id_list_flag(text: str) -> list[int]:
     if not ids:
         raise argparse.ArgumentTypeError("expected at least one token id")
     return ids
+
+
+def read_utf8(path: str, what: str) -> str:
+    """The UTF-8 text of ``path`` ('-': stdin), or ParameterError in one
+    line naming ``what`` (the flag or argument): a file that cannot be read,
+    or bytes that are not UTF-8 text (a binary file)."""
+    import sys
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except OSError as e:
+        raise ParameterError(f"{what} {path}: cannot read ({e.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ParameterError(f"{what} {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                             f"give a text file") from None

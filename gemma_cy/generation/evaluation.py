@@ -107,10 +107,16 @@ def pm(error: float, spec: str, unit: str = "") -> str:
     return " (no error estimate from one position)" if math.isnan(error) else f" +/- {error:{spec}}{unit}"
 
 
-def check_ctx(ctx, n_tokens: int, context_len: int) -> int:
-    """``ctx`` as a valid chunk length for a text of ``n_tokens``."""
+def check_ctx_value(ctx) -> int:
+    """``ctx`` as a chunk length of any text: an even integer >= 4."""
     if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 4 or ctx % 2:
         raise ParameterError(f"ctx = {ctx!r}, must be an even integer >= 4")
+    return ctx
+
+
+def check_ctx(ctx, n_tokens: int, context_len: int) -> int:
+    """``ctx`` as a valid chunk length for a text of ``n_tokens``."""
+    check_ctx_value(ctx)
     if ctx > context_len:
         raise ParameterError(f"ctx = {ctx} is more than the model's context of {context_len} tokens")
     if n_tokens < 2 * ctx:
