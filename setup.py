@@ -81,9 +81,9 @@ setup(
     # gemma_cy_reference: a bare top-level "reference" would squat a generic
     # name in site-packages.
     packages=["gemma_cy", "gemma_cy.commands", "gemma_cy.fast", "gemma_cy.formats", "gemma_cy.generation",
-              "gemma_cy.model", "gemma_cy.quant", "gemma_cy.tokenizers", "gemma_cy_reference"],
+              "gemma_cy.model", "gemma_cy.quant", "gemma_cy.server", "gemma_cy.tokenizers", "gemma_cy_reference"],
     package_dir={"gemma_cy_reference": "reference"},
-    package_data={"gemma_cy.fast": ["*.pxd", "*.pyx", "*.pxi", "kernels/*.pxi"]},
+    package_data={"gemma_cy.fast": ["*.pxd", "*.pyx", "*.pxi", "kernels/*.pxi"], "gemma_cy.server": ["chat.html"]},
     ext_modules=cythonize(EXTENSIONS, compiler_directives=DIRECTIVES,
                           annotate=os.environ.get("GEMMA_CY_ANNOTATE", "") not in ("", "0")),
     zip_safe=False,

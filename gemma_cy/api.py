@@ -26,8 +26,9 @@ from .formats.mapped import check_regular, return_freed_heap
 from .formats.llama2c import V2_MAGIC_BYTES, is_llama2c_checkpoint, read_llama2c
 from .tokenizers.llama2c import Llama2cTokenizer
 from .generation.evaluation import Evaluation, check_ctx, evaluate
-from .generation.batch import BatchGeneration
+from .generation.batch import BatchGeneration, SlotEngine
 from .generation.generator import Completion, Generation, Observer, check_prompt_fits
+from .generation.logprobs import check_top_logprobs
 from .generation.stops import check_stop_strings
 from .generation.sampling import Sampler
 from .tokenizers.greedy import GreedyTokenizer
@@ -147,7 +148,7 @@ def load(weights: str | os.PathLike | None = None, tokenizer: str | None = None,
 # What one sequence of a batch may set (Model._generation's keywords, less the engine's own).
 _SEQUENCE_KEYWORDS = frozenset({"max_tokens", "n_dec", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
                                 "presence_penalty", "frequency_penalty", "repeat_last_n", "seed", "rng", "stop",
-                                "logits_processor", "accept_token", "terminate_on_eos"})
+                                "logits_processor", "accept_token", "terminate_on_eos", "logprobs"})
 
 
 def _several_prompts(prompt) -> bool:
@@ -168,10 +169,14 @@ def _max_tokens(max_tokens, n_dec) -> int:
 class Model:
     """A loaded model: weights, tokenizer, chat template and an engine with its KV cache.
 
-    The model has one KV cache, so one generation runs at a time: starting
-    another (``generate``, ``chat``, ``complete``...) or calling ``logits``
-    takes the cache over, and resuming the older generation raises
-    GenerationStateError (docs/generation.md#one-generation-at-a-time).
+    The model has one KV cache per slot (``max_sequences``; one by
+    default), so one generation runs on a slot at a time: starting another
+    (``generate``, ``chat``, ``complete``...) or calling ``logits`` takes the
+    cache over, and resuming the older generation raises
+    GenerationStateError naming the slot
+    (docs/generation.md#one-generation-at-a-time). A cache outlives its
+    generation: a prompt that starts with what the cache holds runs only
+    the rest (docs/generation.md#prefix-reuse).
     """
 
     def __init__(self, weights: Weights, tokenizer: GreedyTokenizer, engine: str = DEFAULT_ENGINE,
@@ -182,7 +187,8 @@ class Model:
         self.engine_name = engine
         self.max_sequences = max_sequences
         self.engine = make_engine(engine, weights, max_cache_len, activations, max_sequences)
-        self.session = Session(self.engine)
+        self.session = Session(self.engine, 0 if max_sequences > 1 else None)
+        self._sessions: list[Session] | None = None  # every slot's, slot 0's being self.session
         self.chat_template = chat_template_for(tokenizer)  # None: the model has no chat template
         stops = {tokenizer.eos_id, *self.config.eos_ids}
         for piece in self.chat_template.stop_pieces if self.chat_template else ():
@@ -257,16 +263,18 @@ class Model:
                     top_k=0, top_p=1.0, min_p=DEFAULT_MIN_P, repeat_penalty=1.0, presence_penalty=0.0,
                     frequency_penalty=0.0, repeat_last_n=DEFAULT_REPEAT_LAST_N, seed=0, rng=None, stop=None,
                     logits_processor=None, accept_token=None, observer=None,
-                    terminate_on_eos=True, engine=None, session=None) -> Generation:
+                    terminate_on_eos=True, engine=None, session=None, reused=0, logprobs=None) -> Generation:
         """A Generation of ``ids`` from the engine's current position (the
-        model's engine and session, or a batch slot's)."""
+        model's engine and session, or a batch slot's), its first ``reused``
+        ids already in the cache."""
         sampler = Sampler(temperature=temperature, min_p=min_p, top_k=top_k, top_p=top_p, seed=seed, rng=rng)
         penalties = Penalties(repeat_penalty, presence_penalty, frequency_penalty, repeat_last_n)
         return Generation(self.engine if engine is None else engine, self.tokenizer, sampler, ids,
                           _max_tokens(max_tokens, n_dec),
                           stop_ids=self.stop_ids if terminate_on_eos else frozenset(), observer=observer,
                           stop=stop, logits_processor=logits_processor, accept_token=accept_token,
-                          penalties=penalties, session=self.session if session is None else session)
+                          penalties=penalties, session=self.session if session is None else session,
+                          reused=reused, logprobs=logprobs)
 
     def generate(self, prompt: str | bytes | Sequence[int] = "", *, chat_format: bool = False,
                  system: str | None = None, parse_special: bool = False, keep_cache: bool = False,
@@ -286,14 +294,23 @@ class Model:
         shown), ``logits_processor`` (``f(ids, logits) -> logits``, or a
         list of them: ids is the context so far, logits a writable f32
         copy), ``accept_token`` (``f(id) -> bool``: False ends the
-        generation before that id), ``observer``, ``terminate_on_eos``.
+        generation before that id), ``observer``, ``terminate_on_eos``,
+        ``logprobs`` (None; k in 0 .. 20: each generated id's
+        log-probability and the k likeliest alternatives', in
+        ``generation.logprobs`` and ``Completion.logprobs``).
         ``keep_cache`` continues from the KV cache's current position
-        instead of starting over.
+        instead of starting over. Otherwise the positions the prompt shares
+        with what the cache holds (an earlier prompt and its output) are
+        kept and only the rest runs (docs/generation.md#prefix-reuse): the
+        same tokens and logits, bit for bit, as running it all.
         """
         ids = self.prompt_ids(prompt, chat_format=chat_format, parse_special=parse_special, system=system)
-        if not keep_cache or not self.session.in_sync():
+        if keep_cache and self.session.in_sync():
+            return self._generation(ids, **sampling)
+        if sampling.get("observer") is not None:  # an observer sees every position run
             self.session.reset()
-        return self._generation(ids, **sampling)
+            return self._generation(ids, **sampling)
+        return self._generation(ids, reused=self.session.reuse_prefix(ids), **sampling)
 
     def complete(self, prompt: str | bytes | Sequence[int] = "", n: int | None = None,
                  **kwargs) -> Completion | list[Completion]:
@@ -369,18 +386,27 @@ class Model:
         Penalties(*(kw.get(k, d) for k, d in (("repeat_penalty", 1.0), ("presence_penalty", 0.0),
                                               ("frequency_penalty", 0.0), ("repeat_last_n", DEFAULT_REPEAT_LAST_N))))
         check_stop_strings(kw.get("stop"))
+        check_top_logprobs(kw.get("logprobs"))
         Generation.check_n_dec(_max_tokens(kw.get("max_tokens"), kw.get("n_dec")))
 
     def run_many(self, ids: list[list[int]], keywords: list[dict], on_finish=None) -> BatchGeneration:
         """``generate_many`` of prompts already as ids, each with its checked
         keywords (``check_sequence``); ``on_finish(index)`` is called as
-        each sequence ends."""
-        self.session.reset()  # the batch takes the model's cache (slot 0) over
+        each sequence ends. A sequence takes over the slot it joins (the
+        one whose cache shares most of its prompt)."""
         makers = [functools.partial(self._slot_generation, prompt, kw) for prompt, kw in zip(ids, keywords)]
-        return BatchGeneration(self.engine.batch, makers, on_finish=on_finish)
+        return BatchGeneration(self.engine.batch, makers, [list(p) for p in ids], self.sessions, on_finish)
 
-    def _slot_generation(self, ids: list[int], kwargs: dict, engine, session) -> Generation:
-        return self._generation(ids, engine=engine, session=session, **kwargs)
+    @property
+    def sessions(self) -> list[Session]:
+        """Every slot's cache and owner (``Session``); slot 0 is ``session``."""
+        if self._sessions is None:
+            batch = self.engine.batch
+            self._sessions = [self.session] + [Session(SlotEngine(batch, s), s) for s in range(1, batch.n_slots)]
+        return self._sessions
+
+    def _slot_generation(self, ids: list[int], kwargs: dict, engine, session, reused: int) -> Generation:
+        return self._generation(ids, engine=engine, session=session, reused=reused, **kwargs)
 
     def chat(self, messages: Sequence[dict], **sampling) -> Generation:
         """Start the model's reply to ``messages`` ([{"role": "system" |
@@ -389,8 +415,10 @@ class Model:
         positions this chat shares with the last one run on the model (the
         earlier turns) are reused, not run again."""
         ids = self.chat_ids(messages)
-        kept = self.session.reuse_prefix(ids)
-        return self._generation(ids[kept:], **sampling)
+        if sampling.get("observer") is not None:  # an observer sees every position run
+            self.session.reset()
+            return self._generation(ids, **sampling)
+        return self._generation(ids, reused=self.session.reuse_prefix(ids), **sampling)
 
     def chat_complete(self, messages: Sequence[dict], n: int | None = None,
                       **sampling) -> Completion | list[Completion]:

@@ -15,7 +15,7 @@ import copy
 
 import numpy as np
 
-from gemma_cy.model.checks import CheckedBatchEngine
+from gemma_cy.model.checks import CheckedBatchEngine, SlotPositions
 from gemma_cy.model.weights import Weights
 
 from .layers import KVCache
@@ -49,7 +49,7 @@ class ReferenceBatchEngine(CheckedBatchEngine):
 
     @property
     def pos(self) -> list[int]:
-        return _Positions(self.engines)
+        return SlotPositions(self.engines)
 
     def _copy(self, src: int, dst: int) -> None:
         n = self.engines[src].pos
@@ -68,19 +68,3 @@ class ReferenceBatchEngine(CheckedBatchEngine):
             if want:
                 out.append(logits)
         return out
-
-
-class _Positions:
-    """``pos`` of the slots' engines as a list-like (read and assigned by index)."""
-
-    def __init__(self, engines):
-        self.engines = engines
-
-    def __getitem__(self, slot: int) -> int:
-        return self.engines[slot].pos
-
-    def __setitem__(self, slot: int, value: int) -> None:
-        self.engines[slot].pos = value
-
-    def __len__(self) -> int:
-        return len(self.engines)

@@ -39,5 +39,5 @@ if ! ls "$WHEEL_CACHE"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl >/dev/null 2>
     "$PY" -m pip wheel --no-cache-dir --no-deps --wheel-dir "$WHEEL_CACHE" "llama-cpp-python==$LLAMA_CPP_VERSION"
 fi
 "$PY" -m pip install --quiet --force-reinstall --no-deps --no-index --find-links "$WHEEL_CACHE" "llama-cpp-python==$LLAMA_CPP_VERSION"
-"$PY" -m pip install --quiet --find-links "$WHEEL_CACHE" "llama-cpp-python==$LLAMA_CPP_VERSION"
+"$PY" -m pip install --quiet --find-links "$WHEEL_CACHE" "llama-cpp-python[server]==$LLAMA_CPP_VERSION"
 touch "$PEERS_VENV/.deps-stamp"

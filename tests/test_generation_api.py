@@ -230,13 +230,16 @@ def test_chat_reuses_the_cache_of_the_earlier_turns(model):
     messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "more"}]
     gen = model.chat(messages, max_tokens=4, temperature=0)
     whole = model.chat_ids(messages)
-    kept = len(gen.context_ids)
+    kept = gen.reused
     assert kept >= len(model.chat_ids(messages[:1])) and whole[:kept] == cached[:kept]
-    assert gen.prompt_ids == whole[kept:]
+    assert gen.prompt_ids == whole and gen.context_ids == []  # the whole prompt, its first `kept` cached
     out = gen.complete()
+    assert out.prompt_ids == whole
+    assert (out.timing.reused_tokens, out.timing.prefill_tokens) == (kept, len(whole) - kept)
     # the same turn from an empty cache gives the same greedy reply
     model.session.reset()
-    assert model.chat_complete(messages, max_tokens=4, temperature=0).ids == out.ids
+    fresh = model.chat_complete(messages, max_tokens=4, temperature=0)
+    assert fresh.ids == out.ids and fresh.timing.reused_tokens == 0
 
 
 def test_load_without_a_path_is_the_default_model(monkeypatch, tmp_path):

@@ -12,6 +12,7 @@ from helpers import REPO
 def readme_python_block() -> str:
     text = (REPO / "README.md").read_text(encoding="utf-8")
     section = text[text.index("## Python API"):]
+    section = section[:section.index("\n## ", 1)]  # the Server section's client example needs a server
     return "\n".join(re.findall(r"```python\n(.*?)```", section, re.S))  # every block, in order
 
 

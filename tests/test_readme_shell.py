@@ -35,8 +35,8 @@ from helpers import REPO, gguf_tensors
 
 README = REPO / "README.md"
 SHELL_INFOS = ("", "sh", "bash", "shell", "console")
-COMMAND_WORDS = {"gemma-cy", "make", "python", "python3", "time", "echo", "pip", "cd", "export", "cat", "ls"}
-SUBCOMMANDS = ("diff", "eval", "convert", "batch")
+COMMAND_WORDS = {"gemma-cy", "make", "python", "python3", "time", "echo", "pip", "cd", "export", "cat", "ls", "curl"}
+SUBCOMMANDS = ("diff", "eval", "convert", "batch", "serve")
 MAX_TOKENS = 2
 EVAL_CTX = 128
 TIMEOUT = 240
@@ -140,6 +140,8 @@ def kind(cmd: str) -> str:
         return "bench-batch"
     if words[0] == "time":
         return "time"
+    if words[0] == "curl":
+        return "curl"
     if words[0].endswith("python") or words[0] in ("python", "python3"):
         return "python"
     return "other"
@@ -373,6 +375,8 @@ def test_example_runs(line, cmd, workdir):
     k = kind(cmd)
     if k == "make":
         pytest.skip("`make run` / `make test` set up the venv and the model this test runs on, and run it")
+    if k in ("gemma-cy-serve", "curl"):
+        pytest.skip("a server and the calls to it run together: test_the_server_examples_run")
     if "/usr/share/common-licenses/" in cmd and not Path(re.search(r"/usr/share/common-licenses/\S+", cmd)[0]).exists():
         pytest.skip("the example's text file is not on this machine")
     if "smollm2" in cmd.lower():
@@ -428,3 +432,49 @@ def test_the_q8_speed_claim_has_one_source():
     assert " ".join(Q8_SPEED.split()) in help_text
     assert readme.count("with AVX2") == Q8_SPEED.count("with AVX2"), "a second AVX2 claim in the README"
     assert "slower than f32" not in help_text
+
+
+def server_section(text: str) -> str:
+    return text.split("\n## Server\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_server_examples_run(workdir):
+    """The README's `gemma-cy serve` runs as written (a smaller context and
+    pool), and while it runs, every curl call of the README and the Python
+    client example of its Server section, each with an answer."""
+    pytest.importorskip("fastapi", reason="gemma-cy serve needs its extra: pip install 'gemma-cy[server]'")
+    pytest.importorskip("openai", reason="the README's client example needs the `openai` client")
+    import socket
+    import signal
+
+    serve = [c for _, c in EXAMPLES if kind(c) == "gemma-cy-serve"]
+    calls = [c for _, c in EXAMPLES if kind(c) == "curl"]
+    assert len(serve) == 1 and calls
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 8080)) == 0:
+            pytest.skip("port 8080, which the README's examples use, is taken on this machine")
+    proc = subprocess.Popen(["bash", "-c", "exec " + serve[0] + " --ctx 512 --max_sequences 2"], cwd=workdir,
+                            env=shell_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        banner = ""
+        while " at http://" not in banner:
+            line = proc.stderr.readline()
+            assert line, f"gemma-cy serve ended: {banner}"
+            banner += line
+        assert "http://127.0.0.1:8080/" in banner, banner
+        for cmd in calls:
+            result = run_bash(cmd, workdir, timeout=120)
+            assert result.returncode == 0, f"{cmd}\n{result.stderr}"
+            answer = json.loads(result.stdout)
+            assert answer["choices"][0]["message"]["content"].strip(), answer
+        blocks = re.findall(r"```python\n(.*?)```", server_section(README.read_text(encoding="utf-8")), re.S)
+        assert blocks
+        for code in blocks:
+            result = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=shell_env(), capture_output=True,
+                                    text=True, timeout=120)
+            assert result.returncode == 0 and result.stdout.strip(), result.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0

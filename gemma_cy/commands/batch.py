@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import GemmaCyError, ParameterError
 from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES, check_max_sequences
-from .flags import EXIT_ERROR, EXIT_INTERRUPTED, OneLineParser, UsageError, int_flag, read_utf8
+from .flags import EXIT_ERROR, EXIT_INTERRUPTED, OneLineParser, UsageError, add_model_flags, int_flag, read_utf8
 
 # Request keys besides the sampling keywords (gemma_cy.api._SEQUENCE_KEYWORDS).
 PROMPT_KEYS = ("prompt", "prompt_ids", "messages")
@@ -66,7 +66,7 @@ def result_record(index: int, request_id, generation) -> dict:
     out = {"index": index, "text": generation.text, "ids": list(generation.generated_ids),
            "stop_reason": generation.stop_reason, "stop_string": generation.stop_string,
            "prompt_tokens": len(generation.prompt_ids), "completion_tokens": len(generation.generated_ids),
-           "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s}
+           "cached_tokens": t.reused_tokens, "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s}
     return out if request_id is None else {"id": request_id, **out}
 
 
@@ -145,9 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "per line, in input order.")
     p.add_argument("input", metavar="IN.jsonl", help="requests, one JSON object per line ('-': stdin)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl", help="results, one per line ('-': stdout)")
-    p.add_argument("-m", "--weights_path", "--weights", dest="weights",
-                   help="weights file (default: Gemma 3 270M, as its package ships it)")
-    p.add_argument("--tok_path", help="tokenizer file (default: as for gemma-cy)")
+    add_model_flags(p)
     p.add_argument("--max_sequences", type=int_flag, default=8,
                    help="sequences decoded together, each with its own KV cache (default 8)")
     p.add_argument("--max_cache_len", "--ctx", dest="max_cache_len", type=int_flag, default=2048,

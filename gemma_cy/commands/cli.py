@@ -20,8 +20,9 @@ from ..quant.ggml import Q4_1Tensor, Q5_0Tensor
 from ..quant.tensors import Int8Tensor
 
 from . import batch as batch_command
+from . import serve as serve_command
 from .flags import (EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, OneLineParser, UsageError, float_flag,  # noqa: F401
-                    id_list_flag, int_flag, read_utf8)
+                    add_model_flags, id_list_flag, int_flag, read_utf8)
 
 
 SUBCOMMAND_HELP = """subcommands:
@@ -29,6 +30,7 @@ SUBCOMMAND_HELP = """subcommands:
   gemma-cy convert ...   GGUF -> Q8_0 GGUF, or any model -> llama2.c (gemma-cy convert --help)
   gemma-cy eval ...      perplexity over a text, and KL divergence against a baseline (gemma-cy eval --help)
   gemma-cy batch ...     a JSONL file of requests, decoded together (gemma-cy batch --help)
+  gemma-cy serve ...     an OpenAI-compatible HTTP server with a chat page (gemma-cy serve --help)
 
 Without --prompt: piped stdin is the prompt; on a terminal, an interactive chat."""
 
@@ -150,7 +152,8 @@ def dump_model(model, out) -> None:
 
 def write_stats(gen, out) -> None:
     t = gen.timing
-    out.write(f"\nprefill: {t.prefill_tokens} tokens, {t.prefill_tok_s:.1f} tok/s | "
+    cached = f" (+{t.reused_tokens} cached)" if t.reused_tokens else ""
+    out.write(f"\nprefill: {t.prefill_tokens} tokens{cached}, {t.prefill_tok_s:.1f} tok/s | "
               f"decode: {t.decode_tokens} tokens, {t.decode_tok_s:.1f} tok/s | "
               f"stop: {gen.stop_reason}\n")
 
@@ -289,9 +292,7 @@ def build_diff_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="gemma-cy diff",
                       description="Run the fast engine against the NumPy reference: per-layer errors "
                                   "over the prompt, then greedy tokens until the first divergence.")
-    p.add_argument("-m", "--weights_path", "--weights", dest="weights",
-                   help="weights file (default: Gemma 3 270M, as its package ships it)")
-    p.add_argument("--tok_path", help="tokenizer file (default: as for gemma-cy)")
+    add_model_flags(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="prompt text (BOS is added)")
     src.add_argument("--prompt_ids", type=id_list_flag, help="comma-separated token ids instead of text")
@@ -373,9 +374,7 @@ def build_eval_parser() -> argparse.ArgumentParser:
                       description="Perplexity of a model over a text, llama-perplexity's way (chunks of --ctx "
                                   "tokens, BOS first, the second half of each scored), and against a baseline: "
                                   "KL divergence, same top-1, top-5 overlap, delta p.")
-    p.add_argument("-m", "--weights_path", "--weights", dest="weights",
-                   help="weights file (default: Gemma 3 270M, as its package ships it)")
-    p.add_argument("--tok_path", help="tokenizer file (default: as for gemma-cy)")
+    add_model_flags(p)
     p.add_argument("--text", required=True, help="a UTF-8 text file to score")
     p.add_argument("--ctx", type=int_flag, default=512, help="tokens per chunk (default 512)")
     p.add_argument("--chunks", type=int_flag, default=None, help="score at most this many chunks")
@@ -469,6 +468,7 @@ def run_eval(args) -> int:
 
 SUBCOMMANDS = {"diff": (build_diff_parser, lambda a: run_diff(a)),
                "batch": (lambda: batch_command.build_parser(), lambda a: batch_command.run(a)),
+               "serve": (lambda: serve_command.build_parser(), lambda a: serve_command.run(a)),
                "eval": (build_eval_parser, lambda a: run_eval(a)),
                "convert": (build_convert_parser, lambda a: run_convert(a))}
 

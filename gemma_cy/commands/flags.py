@@ -68,3 +68,11 @@ def read_utf8(path: str, what: str) -> str:
     except UnicodeDecodeError as e:
         raise ParameterError(f"{what} {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
                              f"give a text file") from None
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """-m (the weights, default the packaged Gemma 3 270M) and --tok_path,
+    as every subcommand that loads one model takes them."""
+    p.add_argument("-m", "--weights_path", "--weights", dest="weights",
+                   help="weights file (default: Gemma 3 270M, as its package ships it)")
+    p.add_argument("--tok_path", help="tokenizer file (default: as for gemma-cy)")

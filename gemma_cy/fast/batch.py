@@ -13,11 +13,13 @@ alone (docs/numerics.md#batch-invariance).
 """
 from __future__ import annotations
 
+import types
+
 import numpy as np
 
 from . import ops
 from ..errors import TokenIndexError
-from ..model.checks import CheckedBatchEngine, cache_length, non_finite_error
+from ..model.checks import CheckedBatchEngine, SlotPositions, cache_length, non_finite_error
 from ..model.weights import Weights
 
 
@@ -48,7 +50,7 @@ class FastBatchEngine(CheckedBatchEngine):
         self.activations, self.model = engine.activations, engine.model
         self.rows_per_pass = ops.module_for(self.isa).BLOCK_ROWS
         self.n_slots = engine.model.n_slots
-        self.pos = [0] * self.n_slots
+        self.pos = SlotPositions([engine] + [types.SimpleNamespace(pos=0) for _ in range(self.n_slots - 1)])
         return self
 
     def rewind(self, slot: int, pos: int) -> int:

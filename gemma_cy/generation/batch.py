@@ -13,7 +13,10 @@ running sequence waits at most one chunk of another's prompt per token.
 Each one's tokens are those it gets alone (docs/numerics.md#batch-invariance).
 Sequences with the same prompt (``n`` samples of one prompt) that run at
 the same time prefill it once: the others take a copy of its KV cache and
-logits.
+logits. Each slot's cache outlives its sequence (``Session``): a sequence
+joins the free slot whose cache shares the longest prefix with its prompt
+and runs only the rest (a conversation's next turn, a prompt that extends
+an earlier one).
 """
 from __future__ import annotations
 
@@ -76,22 +79,189 @@ class _Running:
     leader: int | None = None  # the slot whose prefill this sequence waits on
 
 
-@dataclass
+class Scheduler:
+    """Continuous batching over ``batch``'s slots: ``add`` a sequence at any
+    time (it waits for a free slot, in order), ``cancel`` one, and ``step``
+    advances every running sequence by one pass of the forward pass,
+    yielding ``(index, Step)`` as tokens come. ``sessions[s]`` is slot s's
+    cache and owner (None: fresh ones, for this scheduler alone);
+    ``on_finish(index)`` is called as each sequence ends (cancelled ones too)."""
+
+    def __init__(self, batch, sessions: list[Session] | None = None,
+                 on_finish: Callable[[int], None] | None = None):
+        self.batch = batch
+        self.sessions = sessions if sessions is not None else \
+            [Session(SlotEngine(batch, s), s) for s in range(batch.n_slots)]
+        self.on_finish = on_finish
+        self.rows = getattr(batch, "rows_per_pass", DEFAULT_ROWS_PER_STEP)
+        self.generations: list[Generation | None] = []  # sequence i's, None until it joins (or if cancelled first)
+        self._makers: list[Callable[[SlotEngine, Session, int], Generation] | None] = []
+        self._prompts: list[list[int]] = []
+        self.waiting: deque[int] = deque()
+        self.free: deque[int] = deque(range(batch.n_slots))
+        self.running: dict[int, _Running] = {}  # slot -> sequence, in the order they joined
+
+    @property
+    def busy(self) -> bool:
+        """True while a sequence waits or runs."""
+        return bool(self.waiting or self.running)
+
+    def add(self, prompt: list[int], maker: Callable[[SlotEngine, Session, int], Generation]) -> int:
+        """Queue a sequence: ``maker(engine, session, reused)`` makes its
+        Generation of ``prompt`` when it joins a slot. Returns its index."""
+        self._prompts.append(list(prompt))
+        self._makers.append(maker)
+        self.generations.append(None)
+        self.waiting.append(len(self._makers) - 1)
+        return len(self._makers) - 1
+
+    def cancel(self, index: int) -> None:
+        """End sequence ``index`` now: a waiting one never runs, a running one
+        stops with stop_reason "cancelled" and its slot is free for the next
+        step. Nothing for one that has ended."""
+        if index in self.waiting:
+            self.waiting.remove(index)
+            self._finished(index)
+            return
+        for slot, seq in list(self.running.items()):
+            if seq.index == index:
+                if seq.leader is not None:  # its leader must not copy into the slot once another has it
+                    self.running[seq.leader].followers.remove(slot)
+                seq.machine.close()
+                seq.generation.stop_reason = "cancelled"
+                self._leave(slot, seq)
+                for follower in seq.followers:  # they wait on a prefill that will not finish: run their own
+                    self.running[follower].leader = None
+                return
+
+    def forget(self, index: int) -> None:
+        """Drop an ended sequence's Generation and prompt (a long-running
+        scheduler keeps nothing of what it has finished)."""
+        self.generations[index] = None
+        self._prompts[index] = []
+
+    def step(self) -> Iterator[tuple[int, Step]]:
+        """Join waiting sequences to free slots, run one pass of the forward
+        pass for every running one, and yield their Steps."""
+        self._join()
+        running, batch = self.running, self.batch
+        for seq in running.values():  # GenerationStateError (naming the slot) if another took it over
+            seq.generation.session.check(seq.generation)
+        segments, room = [], self.rows
+        for slot, seq in running.items():  # every decoding sequence, one row each
+            if not seq.request.prefill:
+                segments.append((slot, seq.request.ids, True))
+                room -= 1
+        for slot, seq in running.items():  # then prompts, as much as one pass has room for
+            if seq.request.prefill and seq.leader is None and room > 0:
+                part = seq.request.ids[seq.fed:seq.fed + room]
+                seq.fed += len(part)
+                room -= len(part)
+                segments.append((slot, part, seq.fed == len(seq.request.ids)))
+        if not segments:
+            return
+        outs = iter(batch.step(segments))
+        for slot, _, want in segments:
+            if not want:
+                continue
+            logits = next(outs)
+            seq = running[slot]
+            shared = [(f, running[f]) for f in seq.followers]
+            for follower, _ in shared:  # the same prompt: the same cache and logits, copied
+                batch.copy(slot, follower)
+            seq.followers = []
+            for s, sq in [(slot, seq)] + shared:
+                sq.leader = None
+                for step in self._advance(sq, logits if sq is seq else logits.copy()):
+                    yield sq.index, step
+                if sq.request is None:  # finished: leave
+                    self._leave(s, sq)
+
+    def _join(self) -> None:
+        while self.waiting and self.free:
+            i = self.waiting.popleft()
+            slot = self._slot_for(self._prompts[i], self.free)
+            self.free.remove(slot)
+            session = self.sessions[slot]
+            reused = session.reuse_prefix(self._prompts[i])
+            generation = self._makers[i](SlotEngine(self.batch, slot), session, reused)
+            self._makers[i] = None
+            self.generations[i] = generation
+            generation._started = True
+            machine = generation.machine()
+            seq = self.running[slot] = _Running(i, generation, machine, next(machine))
+            leader = self._same_prompt(self.running, seq)
+            if leader is not None:  # the prompt is being run already: take its cache when it is done
+                seq.leader = leader
+                self.running[leader].followers.append(slot)
+
+    def _leave(self, slot: int, seq: _Running) -> None:
+        del self.running[slot]
+        self.free.append(slot)
+        self._finished(seq.index)
+
+    def _finished(self, index: int) -> None:
+        if self.on_finish is not None:
+            self.on_finish(index)
+
+    def _slot_for(self, prompt: list[int], free: deque) -> int:
+        """The free slot whose cache shares the longest prefix with ``prompt``,
+        one that no unfinished generation (a ``generate`` left open) holds
+        first; on a tie, the one free the longest."""
+        def rank(s: int):
+            owner = self.sessions[s].owner
+            idle = owner is None or getattr(owner, "finished", True)
+            return idle, self.sessions[s].shared_prefix(prompt), -free.index(s)
+        return max(free, key=rank)
+
+    @staticmethod
+    def _same_prompt(running: dict[int, _Running], seq: _Running) -> int | None:
+        """The slot of a running sequence whose prompt, still to finish its
+        prefill, is ``seq``'s own, or None."""
+        for slot, other in running.items():
+            if other is not seq and other.leader is None and other.request is not None \
+                    and other.request.prefill and other.generation.prompt_ids == seq.generation.prompt_ids:
+                return slot
+        return None
+
+    @staticmethod
+    def _advance(seq: _Running, logits: np.ndarray) -> Iterator[Step]:
+        """Send ``seq`` its logits and pass on its Steps up to its next request
+        (``seq.request`` None when it has ended). GenerationStateError if
+        another generation took its slot over meanwhile."""
+        seq.generation.session.check(seq.generation)
+        try:
+            value = seq.machine.send(logits)
+            while isinstance(value, Step):
+                yield value
+                value = next(seq.machine)
+        except StopIteration:
+            seq.request = None
+            return
+        seq.request, seq.fed = value, 0
+
+
 class BatchGeneration:
     """What ``Model.generate_many`` returns: iterate it for ``(index, Step)``
     as tokens arrive, from whichever sequence made them; ``generations[i]``
     is sequence i's Generation (None until it joined) with its text,
     stop_reason and timing; ``complete()`` runs to the end and returns the
-    Completions in the order of the prompts."""
+    Completions in the order of the prompts. ``makers[i](engine, session,
+    reused)`` makes sequence i's Generation of ``prompts[i]`` (Scheduler)."""
 
-    batch: object
-    makers: list[Callable[[SlotEngine, Session], Generation]]
-    on_finish: Callable[[int], None] | None = None  # called with a sequence's index as it ends
-    generations: list[Generation | None] = field(default_factory=list)
-
-    def __post_init__(self):
-        self.generations = [None] * len(self.makers)
+    def __init__(self, batch, makers: list[Callable[[SlotEngine, Session, int], Generation]],
+                 prompts: list[list[int]], sessions: list[Session] | None = None,
+                 on_finish: Callable[[int], None] | None = None):
+        if len(prompts) != len(makers):
+            raise ParameterError(f"{len(makers)} sequences and {len(prompts)} prompts")
+        self.scheduler = Scheduler(batch, sessions, on_finish)
+        for prompt, maker in zip(prompts, makers):
+            self.scheduler.add(prompt, maker)
         self._iterator = self._run()
+
+    @property
+    def generations(self) -> list[Generation | None]:
+        return self.scheduler.generations
 
     def __iter__(self):
         return self
@@ -102,80 +272,8 @@ class BatchGeneration:
     def complete(self) -> list[Completion]:
         for _ in self:
             pass
-        return [Completion(g.text, list(g.generated_ids), g.stop_reason, list(g.prompt_ids), g.timing,
-                           g.stop_string) for g in self.generations]
+        return [g.completion() for g in self.generations]
 
     def _run(self) -> Iterator[tuple[int, Step]]:
-        batch = self.batch
-        rows = getattr(batch, "rows_per_pass", DEFAULT_ROWS_PER_STEP)
-        waiting = deque(range(len(self.makers)))
-        free = deque(range(batch.n_slots))
-        running: dict[int, _Running] = {}  # slot -> sequence, in the order they joined
-        while waiting or running:
-            while waiting and free:  # join
-                i, slot = waiting.popleft(), free.popleft()
-                engine = SlotEngine(batch, slot)
-                engine.reset()
-                generation = self.makers[i](engine, Session(engine))
-                self.generations[i] = generation
-                generation._started = True
-                machine = generation.machine()
-                seq = running[slot] = _Running(i, generation, machine, next(machine))
-                leader = self._same_prompt(running, seq)
-                if leader is not None:  # the prompt is being run already: take its cache when it is done
-                    seq.leader = leader
-                    running[leader].followers.append(slot)
-            segments, room = [], rows
-            for slot, seq in running.items():  # every decoding sequence, one row each
-                if not seq.request.prefill:
-                    segments.append((slot, seq.request.ids, True))
-                    room -= 1
-            for slot, seq in running.items():  # then prompts, as much as one pass has room for
-                if seq.request.prefill and seq.leader is None and room > 0:
-                    part = seq.request.ids[seq.fed:seq.fed + room]
-                    seq.fed += len(part)
-                    room -= len(part)
-                    segments.append((slot, part, seq.fed == len(seq.request.ids)))
-            outs = iter(batch.step(segments))
-            for slot, _, want in segments:
-                if not want:
-                    continue
-                logits = next(outs)
-                seq = running[slot]
-                shared = [(f, running[f]) for f in seq.followers]
-                for follower, _ in shared:  # the same prompt: the same cache and logits, copied
-                    batch.copy(slot, follower)
-                seq.followers = []
-                for s, sq in [(slot, seq)] + shared:
-                    sq.leader = None
-                    for step in self._advance(sq, logits if sq is seq else logits.copy()):
-                        yield sq.index, step
-                    if sq.request is None:  # finished: leave
-                        del running[s]
-                        free.append(s)
-                        if self.on_finish is not None:
-                            self.on_finish(sq.index)
-
-    @staticmethod
-    def _same_prompt(running: dict[int, _Running], seq: _Running) -> int | None:
-        """The slot of a running sequence whose prompt, still to finish its
-        prefill, is ``seq``'s own, or None."""
-        for slot, other in running.items():
-            if other is not seq and other.leader is None and other.request is not None \
-                    and other.request.prefill and other.request.ids == seq.request.ids:
-                return slot
-        return None
-
-    @staticmethod
-    def _advance(seq: _Running, logits: np.ndarray) -> Iterator[Step]:
-        """Send ``seq`` its logits and pass on its Steps up to its next request
-        (``seq.request`` None when it has ended)."""
-        try:
-            value = seq.machine.send(logits)
-            while isinstance(value, Step):
-                yield value
-                value = next(seq.machine)
-        except StopIteration:
-            seq.request = None
-            return
-        seq.request, seq.fed = value, 0
+        while self.scheduler.busy:
+            yield from self.scheduler.step()

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import ContextLengthError, ParameterError
 from ..model.observe import Observer
+from .logprobs import TokenLogprob, check_top_logprobs, token_logprob
 from .penalties import Penalties
 from .sampling import Sampler
 from .session import Session
@@ -67,10 +68,11 @@ class Step:
 class Timing:
     """Wall-clock seconds and token counts of the two phases."""
 
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens run (not those whose cache was reused)
     prefill_seconds: float = 0.0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
+    reused_tokens: int = 0  # prompt tokens already in the KV cache from an earlier generation
 
     @staticmethod
     def _rate(tokens: int, seconds: float) -> float:
@@ -106,6 +108,7 @@ class Completion:
     prompt_ids: list[int]
     timing: Timing
     stop_string: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per id, when asked for (generation.logprobs)
 
 
 def check_processors(logits_processor) -> tuple:
@@ -124,7 +127,10 @@ class Generation:
 
     Runs the prompt from the engine's current position (so a chat can keep
     its KV cache across turns); the caller resets the engine for a fresh
-    start. ``session`` (gemma_cy.generation.session) tracks the cache: a
+    start. ``reused``: the prompt's first ``reused`` ids are already the
+    cache's last positions (``Session.reuse_prefix``), so only the rest
+    runs; the generation is the same, bit for bit, as with all of it run
+    (docs/numerics.md#batch-invariance). ``session`` (gemma_cy.generation.session) tracks the cache: a
     generation whose cache another one took over raises
     GenerationStateError when resumed.
     """
@@ -133,8 +139,10 @@ class Generation:
                  stop_ids: frozenset[int] = frozenset(), observer: Observer | None = None,
                  stop: str | Iterable[str] | None = None, logits_processor=None,
                  accept_token: Callable[[int], bool] | None = None, penalties: Penalties | None = None,
-                 session: Session | None = None):
+                 session: Session | None = None, reused: int = 0, logprobs: int | None = None):
         self.check_n_dec(n_dec)
+        self.top_logprobs = check_top_logprobs(logprobs)
+        self.logprobs: list[TokenLogprob] = []  # one per generated id, when ``logprobs`` is not None
         if accept_token is not None and not callable(accept_token):
             raise ParameterError(f"accept_token must be a callable (id -> bool), got {accept_token!r}")
         self.engine, self.tokenizer, self.sampler = engine, tokenizer, sampler
@@ -146,12 +154,16 @@ class Generation:
         self.processors = check_processors(logits_processor)
         self.accept_token = accept_token
         self.penalties = penalties if penalties is not None else Penalties()
-        check_prompt_fits(len(self.prompt_ids), engine.pos, engine.cache_len)
+        if not 0 <= reused < max(len(self.prompt_ids), 1) or reused > engine.pos:
+            raise ParameterError(f"reused = {reused}: must leave at least one of the prompt's "
+                                 f"{len(self.prompt_ids)} ids to run and be at most the cache's {engine.pos}")
+        self.reused = reused
+        check_prompt_fits(len(self.prompt_ids) - reused, engine.pos, engine.cache_len)
         if session is None:  # a bare engine: positions already filled hold ids we were not told
             session = Session(engine)
             session.ids = [-1] * engine.pos
         self.session = session
-        self.context_ids: list[int] = list(session.ids[:engine.pos])  # everything before the prompt
+        self.context_ids: list[int] = list(session.ids[:engine.pos - reused])  # everything before the prompt
         session.claim(self)
         self.generated_ids: list[int] = []
         self.text = ""
@@ -198,8 +210,13 @@ class Generation:
         """Run to the end (or on from where it was left) and return the Completion."""
         for _ in self:
             pass
+        return self.completion()
+
+    def completion(self) -> Completion:
+        """What the generation has made so far, as a Completion."""
         return Completion(self.text, list(self.generated_ids), self.stop_reason, list(self.prompt_ids),
-                          self.timing, self.stop_string)
+                          self.timing, self.stop_string,
+                          None if self.top_logprobs is None else list(self.logprobs))
 
     @property
     def max_new_tokens(self) -> int:
@@ -253,22 +270,26 @@ class Generation:
         stops = StopStrings(self.stop)
         ids = self.session.ids
         start = time.perf_counter()
-        logits = yield Forward(self.prompt_ids, prefill=True)
-        ids.extend(self.prompt_ids)
+        logits = yield Forward(self.prompt_ids[self.reused:], prefill=True)
+        ids.extend(self.prompt_ids[self.reused:])
         self.timing.prefill_seconds = time.perf_counter() - start
-        self.timing.prefill_tokens = len(self.prompt_ids)
+        self.timing.prefill_tokens = len(self.prompt_ids) - self.reused
+        self.timing.reused_tokens = self.reused
         decode_start = time.perf_counter()
         while True:
             if len(self.generated_ids) >= budget:
                 self._finish("max_tokens" if budget == self.n_dec else "length")
                 break
-            token = self.sampler.sample(self._next_logits(logits))
+            seen = self._next_logits(logits)
+            token = self.sampler.sample(seen)
             if token in self.stop_ids:
                 self._finish("eos", token)
                 break
             if self.accept_token is not None and not self.accept_token(token):
                 self._finish("rejected", token)
                 break
+            if self.top_logprobs is not None:
+                self.logprobs.append(token_logprob(seen, token, self.top_logprobs))
             self.generated_ids.append(token)
             shown = stops.push(decoder.push(token))
             self.text += shown

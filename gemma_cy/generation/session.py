@@ -18,8 +18,9 @@ from ..errors import GenerationStateError
 class Session:
     """The engine, the ids at its positions 0 .. engine.pos-1, and the owner."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, slot: int | None = None):
         self.engine = engine
+        self.slot = slot  # which slot of a batch engine the cache is (None: the model's one cache)
         self.ids: list[int] = []  # ids whose keys and values the cache holds, position by position
         self.owner: object | None = None
 
@@ -36,14 +37,26 @@ class Session:
     def check(self, owner: object) -> None:
         """GenerationStateError unless ``owner`` still holds the cache."""
         if self.owner is not owner:
+            where = "" if self.slot is None else f" (slot {self.slot})"
             raise GenerationStateError(
-                "this generation was superseded: a later generate()/chat()/logits() on the same model "
-                "reused its KV cache, so it cannot continue; start it again")
+                f"this generation was superseded: a later generate()/chat()/generate_many()/logits() on the "
+                f"same model reused its KV cache{where}, so it cannot continue; start it again")
 
     def in_sync(self) -> bool:
         """True when ``ids`` describes the engine's positions (nobody ran the
         engine behind the session's back)."""
         return len(self.ids) == self.engine.pos
+
+    def shared_prefix(self, ids: Sequence[int]) -> int:
+        """How many of the cached positions ``ids`` starts with (at most
+        len(ids) - 1: the last id must run to give logits)."""
+        if not self.in_sync():
+            return 0
+        limit = min(len(self.ids), len(ids) - 1)
+        kept = 0
+        while kept < limit and self.ids[kept] == ids[kept]:
+            kept += 1
+        return kept
 
     def reuse_prefix(self, ids: Sequence[int]) -> int:
         """Keep the cached positions that ``ids`` starts with, at most
@@ -52,10 +65,6 @@ class Session:
         if not self.in_sync():
             self.reset()
             return 0
-        limit = min(len(self.ids), len(ids) - 1)
-        kept = 0
-        while kept < limit and self.ids[kept] == ids[kept]:
-            kept += 1
-        kept = self.engine.rewind(kept)  # 0 when the engine no longer holds what position kept needs
+        kept = self.engine.rewind(self.shared_prefix(ids))  # 0 when the engine no longer holds what position kept needs
         del self.ids[kept:]
         return kept

@@ -231,3 +231,21 @@ class CheckedBatchEngine:
         slot, return the wanted logits in order; NumericalError naming the
         slot on a non-finite step."""
         raise NotImplementedError
+
+
+class SlotPositions:
+    """The slots' positions as a list-like (read and assigned by index), each
+    the ``pos`` of a holder: a batch engine's slot 0 is its one-sequence
+    engine's own position, so the two never disagree about that cache."""
+
+    def __init__(self, holders):
+        self.holders = holders
+
+    def __getitem__(self, slot: int) -> int:
+        return self.holders[slot].pos
+
+    def __setitem__(self, slot: int, value: int) -> None:
+        self.holders[slot].pos = value
+
+    def __len__(self) -> int:
+        return len(self.holders)

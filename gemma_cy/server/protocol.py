@@ -1,0 +1,138 @@
+"""Request bodies of `gemma-cy serve`, as OpenAI's API defines them
+(docs/server.md#endpoints), validated by pydantic.
+
+Fields OpenAI defines and gemma-cy does not implement are refused by name
+(``UNSUPPORTED``) rather than ignored; fields no API defines are refused
+(extra="forbid"), except those llama.cpp's server adds and gemma-cy
+implements (``top_k``, ``min_p``, ``repeat_penalty``).
+"""
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_N = 16  # samples of one prompt per request
+MAX_STOP = 4  # stop strings per request (OpenAI's limit)
+# OpenAI fields gemma-cy does not implement: accepted when null, else refused by name
+UNSUPPORTED = ("logit_bias", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+               "service_tier", "store", "metadata", "modalities", "audio", "prediction", "reasoning_effort",
+               "web_search_options")
+
+
+class Sampling(BaseModel):
+    """The sampling fields both endpoints share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)  # llama.cpp's extension; 0: off
+    min_p: float = Field(0.0, ge=0, le=1)  # llama.cpp's extension; 0: off
+    repeat_penalty: float = Field(1.0, gt=0)  # llama.cpp's extension; 1: off
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted, unused
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data):
+        if isinstance(data, dict):
+            for key in UNSUPPORTED:
+                if key in data:
+                    if data[key] not in (None, [], {}):
+                        raise ValueError(f"{key}: not supported by gemma-cy")
+                    data = {k: v for k, v in data.items() if k != key}
+        return data
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"stop: at most {MAX_STOP} strings, got {len(stops)}")
+        return stops
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    """A chat message; content as a string or a list of text parts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(Sampling):
+    prompt: Union[str, list[str], list[int], list[list[int]]] = Field(min_length=1)
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value):
+        def ids(v):
+            return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+        if isinstance(value, str) or (isinstance(value, list) and value and (
+                ids(value) or all(isinstance(p, str) for p in value) or all(ids(p) for p in value))):
+            return value
+        raise ValueError("expected a string, a list of strings, a list of token ids or a list of such lists "
+                         "(not empty)")
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    content: str
+    add_special: bool = False
+    parse_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[int]
+
+
+Sampling.model_rebuild()
+ChatCompletionRequest.model_rebuild()
+CompletionRequest.model_rebuild()
