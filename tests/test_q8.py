@@ -25,6 +25,7 @@ from hypothesis.extra import numpy as hnp
 from gemma_cy.errors import ParameterError
 from gemma_cy.generation.engines import make_engine
 from gemma_cy.fast.engine import FastEngine
+from gemma_cy.quant.ggml import Q5_0Tensor
 from gemma_cy.quant.tensors import Q8_0Tensor, quantize_activations_q8, quantize_per_tensor, quantize_q8_0
 from gemma_cy.generation.local_error import teacher_forced
 from gemma_cy.model.tolerance import DEFAULT, tolerance_for
@@ -213,6 +214,48 @@ def test_q8_gemm_drawn_values(isa, data, rows, n_blocks, kind):
     for i in range(2):
         np.testing.assert_array_equal(got[i], ref @ x[i])
         np.testing.assert_array_equal(kernels(isa).gemm(t, x[i:i + 1], "q8")[0], ref @ x[i])  # the GEMV
+
+
+def decode_step_matrix(kind: str, rows: int, cols: int, rng):
+    """A Q8_0 or Q5_0 matrix with a real model's block scales (f16 d of
+    either sign, |d| ~ 1e-4 .. 1e-2) and levels of the whole range: Q8_0
+    rows whose first block is all -128 and last all 127 (the largest integer
+    sums), Q5_0 random bytes (levels -16..15)."""
+    nb = cols // 32
+    d = (rng.choice([-1, 1], rows * nb) * 10.0 ** rng.uniform(-4, -2, rows * nb)).astype("<f2")
+    if kind == "Q8_0":
+        blocks = rng.integers(0, 256, (rows, nb, 34), dtype=np.uint8)
+        blocks[:, 0, 2:] = np.uint8(0x80)  # -128
+        blocks[:, -1, 2:] = np.uint8(127)
+        blocks[..., :2] = d.view(np.uint8).reshape(rows, nb, 2)
+        return Q8_0Tensor(blocks)
+    raw = rng.integers(0, 256, (rows * nb, 22), dtype=np.uint8)
+    raw[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+    return Q5_0Tensor.from_raw(raw.reshape(rows, -1), (rows, cols))
+
+
+@ISA
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_0"])
+@pytest.mark.parametrize("rows, cols", [(1, 32), (37, 96), (19, 640), (257, 2048)])
+def test_q8_positions_kernel_is_the_gemv_bit_for_bit(isa, kind, rows, cols):
+    """A batch's decode step in the q8 mode: 3 to 17 positions (each of
+    another sequence) through a Q8_0 matrix, or the Q8_0 tiles of a Q5_0
+    one (the avx512 module: positions in the lanes of 8 or 16, a 16th
+    position by the GEMV, 17 by the panels; q8_vnni_positions.pxi) give at
+    every (row, position) the one-position GEMV's bits: activation blocks
+    of +-127 and mixed signs against blocks of -128 and 127, 257 rows past
+    a converted tile of 256."""
+    m = kernels(isa)
+    rng = np.random.default_rng(rows + cols + len(kind))
+    w = decode_step_matrix(kind, rows, cols, rng)
+    for T in range(3, 18):
+        x = rng.standard_normal((T, cols)).astype(np.float32) * rng.uniform(0.1, 30, (T, 1)).astype(np.float32)
+        x[0, :32] = 5  # xq = 127 throughout the first block
+        x[T - 1, -32:] = -np.abs(x[T - 1, -32:]) - 1  # a block of negative values only
+        got = m.gemm(w, x, "q8")
+        for t in range(T):
+            one = m.gemm(w, x[t:t + 1], "q8")[0]  # the GEMV
+            np.testing.assert_array_equal(got[t].view(np.uint32), one.view(np.uint32), err_msg=f"T={T} t={t}")
 
 
 def test_q8_needs_widths_that_are_multiples_of_32(tiny):

@@ -503,3 +503,11 @@ cdef void _gemm_q8_panels(float* out, const QMatrix* w, const int8_t* xq, const 
                 memcpy(out + (t + j) * rows + r0, res + j * PANEL_ROWS, n * sizeof(float))
             t += PAIR_POSITIONS
         r0 += PANEL_ROWS
+
+
+cdef bint _q8_0_positions(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
+                          float* scratch) noexcept nogil:
+    """The avx512 module's kernel for a batch's few positions through a Q8_0
+    matrix (q8_vnni_positions.pxi) needs vpdpbusd; here False: _gemm_q8
+    takes its other paths."""
+    return False

@@ -702,7 +702,9 @@ cdef void _panel_block(q8_m256i* y, float* sc, const QMatrix* w, const PanelRows
 # together ran slower than one). Up to Q8_ROW_POSITIONS positions, a Q8_0
 # matrix is read row after row, as the decode GEMV streams it, and each row
 # is multiplied with every position while it is in L1: each result is
-# k_dot_q8_0_q8, the GEMV's own product.
+# k_dot_q8_0_q8, the GEMV's own product. The avx512 module takes 3 to 16
+# positions with the positions in vector lanes instead (_q8_0_positions,
+# q8_vnni_positions.pxi; the avx2 module's says no).
 cdef enum:
     Q8_ROW_POSITIONS = 4
 
@@ -720,7 +722,8 @@ cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* 
                    float* scratch) noexcept nogil:
     """The x86 modules' k_gemm_q8: panels for a block of positions (each
     module's _gemm_q8_panels: q8_avx2.pxi, q8_vnni.pxi; a batch's few
-    positions through a Q8_0 matrix row after row, _rows_q8_positions; a Q5_0 matrix a tile
+    positions through a Q8_0 matrix row after row, _q8_0_positions where the
+    module has it, else _rows_q8_positions; a Q5_0 matrix a tile
     of rows at a time converted to Q8_0, _gemm_converted); one position
     (decode: rows streamed from DRAM) row after row (a Q4_K matrix as
     stored, _gemv_q4_k_q8; records of 32 two rows at a time,
@@ -731,6 +734,8 @@ cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* 
     elif w.layout == QLAYOUT_AFFINE and w.sub == 32 and n_tokens == 1 and _gemv_affine32_q8(out, w, xq, xd):
         pass
     elif w.layout == QLAYOUT_Q4_1 and n_tokens == 1 and _gemv_q4_1_q8(out, w, xq, xd):
+        pass
+    elif w.layout == QLAYOUT_Q8_0 and _q8_0_positions(out, w, xq, xd, n_tokens, scratch):
         pass
     elif w.layout == QLAYOUT_Q8_0 and 2 <= n_tokens <= Q8_ROW_POSITIONS:
         _rows_q8_positions(out, w, xq, xd, n_tokens)
