@@ -240,8 +240,8 @@ def decode_step_matrix(kind: str, rows: int, cols: int, rng):
 def test_q8_positions_kernel_is_the_gemv_bit_for_bit(isa, kind, rows, cols):
     """A batch's decode step in the q8 mode: 3 to 17 positions (each of
     another sequence) through a Q8_0 matrix, or the Q8_0 tiles of a Q5_0
-    one (the avx512 module: positions in the lanes of 8 or 16, a 16th
-    position by the GEMV, 17 by the panels; q8_vnni_positions.pxi) give at
+    one (the avx512 module: positions in the lanes of 8 or 16, an 8th or
+    16th position by the GEMV, 17 by the panels; q8_vnni_positions.pxi) give at
     every (row, position) the one-position GEMV's bits: activation blocks
     of +-127 and mixed signs against blocks of -128 and 127, 257 rows past
     a converted tile of 256."""
