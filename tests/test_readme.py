@@ -11,9 +11,12 @@ from helpers import REPO
 
 def readme_python_block() -> str:
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Python API"):]
-    section = section[:section.index("\n## ", 1)]  # the Server section's client example needs a server
-    return "\n".join(re.findall(r"```python\n(.*?)```", section, re.S))  # every block, in order
+    blocks = []
+    for title in ("## Python API", "## Structured output"):  # the Server section's client example needs a server
+        section = text[text.index(title):]
+        section = section[:section.index("\n## ", 1)]
+        blocks += re.findall(r"```python\n(.*?)```", section, re.S)  # every block, in order
+    return "\n".join(blocks)
 
 
 def test_readme_python_example_runs(tmp_path):

@@ -140,11 +140,37 @@ def test_the_served_model_name_is_checked(client):
     assert e.value.body["code"] == "model_not_found"
 
 
-def test_response_format_is_refused_until_structured_output(client):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="", messages=MESSAGES, max_tokens=2,
-                                       response_format={"type": "json_object"})
-    assert e.value.body["param"] == "response_format"
+SCHEMA = {"type": "object", "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]},
+                                          "shade": {"type": "integer", "minimum": 0, "maximum": 9}},
+          "required": ["color", "shade"], "additionalProperties": False}
+
+
+def test_response_format_json_schema_is_the_models_constrained_reply(client, model):
+    jsonschema = pytest.importorskip("jsonschema", reason="the reply's oracle is the jsonschema package")
+    fmt = {"type": "json_schema", "json_schema": {"name": "color", "schema": SCHEMA, "strict": True}}
+    got = client.chat.completions.create(model="", messages=MESSAGES, max_tokens=60, temperature=0,
+                                         response_format=fmt)
+    want = model.chat_complete(MESSAGES, max_tokens=60, temperature=0, response_format=fmt, **SERVER_DEFAULTS)
+    assert want.stop_reason == "grammar" and got.choices[0].finish_reason == "stop"
+    assert got.choices[0].message.content == want.text
+    jsonschema.validate(json.loads(want.text), SCHEMA)
+
+
+def test_llama_cpp_grammar_field_on_completions(client, model):
+    got = client.completions.create(model="", prompt="The answer is", max_tokens=10, temperature=0,
+                                    extra_body={"grammar": 'root ::= " " ("yes" | "no") "."'})
+    want = model.complete("The answer is", max_tokens=10, temperature=0, grammar='root ::= " " ("yes" | "no") "."',
+                          **SERVER_DEFAULTS)
+    assert got.choices[0].text == want.text and want.text in (" yes.", " no.")
+
+
+def test_a_constraint_that_does_not_compile_is_a_400_naming_it(client):
+    for kw, param in ((dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "string", "format": "no-such-format"}}}), "response_format"),
+                      (dict(extra_body={"json_schema": {"type": "integer", "unevaluatedItems": 1}}), "json_schema")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="", messages=MESSAGES, max_tokens=2, **kw)
+        assert e.value.body["param"] == param and e.value.body["type"] == "invalid_request_error", e.value.body
 
 
 def test_raw_sse_ends_with_done(server):

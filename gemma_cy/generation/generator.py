@@ -7,6 +7,9 @@ Stop reasons (``Generation.stop_reason``, docs/generation.md#stop-reasons):
   "eos"         the model produced a stop id (<eos>, <end_of_turn>); not printed
   "stop"        a stop string appeared in the text; it and what follows are not printed
   "rejected"    ``accept_token`` returned False for the sampled id; not printed
+  "grammar"     the constraint (structured output) is complete: the model
+                chose end-of-sequence where the grammar allowed it (not
+                printed), or the grammar takes no further token
   "max_tokens"  n_dec tokens were generated
   "length"      the context (KV cache) is full: prompt + generated == cache_len
   "interrupted" the generation started but has not finished: the caller
@@ -22,6 +25,7 @@ import numpy as np
 
 from ..errors import ContextLengthError, ParameterError
 from ..model.observe import Observer
+from .constraint import Constraint
 from .logprobs import TokenLogprob, check_top_logprobs, token_logprob
 from .penalties import Penalties
 from .sampling import Sampler
@@ -139,7 +143,8 @@ class Generation:
                  stop_ids: frozenset[int] = frozenset(), observer: Observer | None = None,
                  stop: str | Iterable[str] | None = None, logits_processor=None,
                  accept_token: Callable[[int], bool] | None = None, penalties: Penalties | None = None,
-                 session: Session | None = None, reused: int = 0, logprobs: int | None = None):
+                 session: Session | None = None, reused: int = 0, logprobs: int | None = None,
+                 constraint: Constraint | None = None):
         self.check_n_dec(n_dec)
         self.top_logprobs = check_top_logprobs(logprobs)
         self.logprobs: list[TokenLogprob] = []  # one per generated id, when ``logprobs`` is not None
@@ -153,6 +158,7 @@ class Generation:
         self.stop = check_stop_strings(stop)
         self.processors = check_processors(logits_processor)
         self.accept_token = accept_token
+        self.constraint = constraint  # generation.constraint: which ids the grammar allows next
         self.penalties = penalties if penalties is not None else Penalties()
         if not 0 <= reused < max(len(self.prompt_ids), 1) or reused > engine.pos:
             raise ParameterError(f"reused = {reused}: must leave at least one of the prompt's "
@@ -276,20 +282,28 @@ class Generation:
         self.timing.prefill_tokens = len(self.prompt_ids) - self.reused
         self.timing.reused_tokens = self.reused
         decode_start = time.perf_counter()
+        constraint = self.constraint
         while True:
+            if constraint is not None and constraint.finished:
+                self._finish("grammar")
+                break
             if len(self.generated_ids) >= budget:
                 self._finish("max_tokens" if budget == self.n_dec else "length")
                 break
             seen = self._next_logits(logits)
+            if constraint is not None:
+                seen = constraint.mask(seen)
             token = self.sampler.sample(seen)
             if token in self.stop_ids:
-                self._finish("eos", token)
+                self._finish("eos" if constraint is None else "grammar", token)
                 break
             if self.accept_token is not None and not self.accept_token(token):
                 self._finish("rejected", token)
                 break
             if self.top_logprobs is not None:
                 self.logprobs.append(token_logprob(seen, token, self.top_logprobs))
+            if constraint is not None:
+                constraint.consume(token)
             self.generated_ids.append(token)
             shown = stops.push(decoder.push(token))
             self.text += shown
@@ -299,7 +313,7 @@ class Generation:
                 yield Step(token, shown)
                 return
             yield Step(token, shown)
-            if len(self.generated_ids) < budget:
+            if len(self.generated_ids) < budget and not (constraint is not None and constraint.finished):
                 logits = yield Forward([token], prefill=False)
                 ids.append(token)
                 self.timing.decode_tokens += 1

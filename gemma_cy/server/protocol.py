@@ -40,6 +40,8 @@ class Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted, unused
+    grammar: str | None = None  # llama.cpp's extension: a GBNF (or Lark) grammar
+    json_schema: dict | None = None  # llama.cpp's extension: a JSON Schema
 
     @model_validator(mode="before")
     @classmethod
@@ -51,6 +53,13 @@ class Sampling(BaseModel):
                         raise ValueError(f"{key}: not supported by gemma-cy")
                     data = {k: v for k, v in data.items() if k != key}
         return data
+
+    def constraint(self) -> dict:
+        """The structured-output keywords this request gives (docs/structured_output.md)."""
+        fmt = getattr(self, "response_format", None)
+        out = {"response_format": fmt.model_dump() if fmt is not None else None,
+               "grammar": self.grammar, "json_schema": self.json_schema}
+        return {k: v for k, v in out.items() if v is not None}
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -14,11 +14,12 @@ import time
 import uuid
 
 from ..errors import ContextLengthError, GemmaCyError
+from ..generation.constraint import CONSTRAINT_KEYWORDS
 from ..generation.logprobs import TokenLogprob
 from .engine_loop import EngineLoop
 from .protocol import Sampling
 
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "rejected": "stop", "max_tokens": "length", "length": "length",
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "rejected": "stop", "grammar": "stop", "max_tokens": "length", "length": "length",
                   "cancelled": "cancelled"}
 
 
@@ -49,13 +50,14 @@ def sequence_keywords(model, req: Sampling, ids: list[int], max_tokens: int | No
     kw = dict(max_tokens=room if max_tokens is None else max_tokens, temperature=req.temperature, top_p=req.top_p,
               top_k=req.top_k, min_p=req.min_p, repeat_penalty=req.repeat_penalty,
               presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-              seed=(seed + sample) % 2**64, stop=stops or None, logprobs=logprobs)
+              seed=(seed + sample) % 2**64, stop=stops or None, logprobs=logprobs, **req.constraint())
     try:
         model.check_sequence(ids, kw)
     except ContextLengthError as e:
         raise BadRequest(str(e), "messages", "context_length_exceeded") from None
     except GemmaCyError as e:
-        raise BadRequest(str(e)) from None
+        param = str(e).split(":", 1)[0]
+        raise BadRequest(str(e), param if param in CONSTRAINT_KEYWORDS else None) from None
     return kw
 
 
@@ -155,9 +157,6 @@ def chat_messages(req) -> list[dict]:
 
 
 def refuse_unsupported(req, chat: bool) -> None:
-    if chat and req.response_format is not None and req.response_format.type != "text":
-        raise BadRequest(f"response_format {req.response_format.type!r}: structured output is not supported "
-                         f"yet (only 'text')", "response_format", "unsupported")
     if chat and req.top_logprobs is not None and not req.logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     if not chat:

@@ -157,6 +157,10 @@ class PieceTable:
         """What one id decodes to, as bytes (b"" for a control token)."""
         return self._out[self._check_id(token_id)]
 
+    def all_piece_bytes(self) -> list[bytes]:
+        """``piece_bytes`` of every id, in id order."""
+        return list(self._out)
+
     def decode_bytes(self, ids) -> bytes:
         """The pieces of ``ids`` concatenated; control tokens give nothing."""
         out = self._out
@@ -194,6 +198,11 @@ class PieceTable:
             if self.token_id(piece) == token_id:
                 return piece
         return self.decode([token_id])
+
+    def control_spellings(self) -> dict[int, bytes]:
+        """Control id -> its piece as the file spells it (where it has one)."""
+        control = self._control
+        return {i: p for p, i in self._ids.items() if control[i] and p}
 
     def control_pieces(self) -> tuple[str, ...]:
         """The control pieces' spellings (``<eos>``, ``<start_of_turn>``...),

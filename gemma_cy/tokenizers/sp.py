@@ -368,6 +368,18 @@ class DecodedPieces(Sequence):
     def __len__(self) -> int:
         return len(self._pieces)
 
+    def __iter__(self):
+        """Every id's bytes in order (the vocabulary whole, in one pass)."""
+        silent, byte_of, pieces = self._silent, self._byte_of, self._pieces
+        blob, base, offsets = pieces.blob, pieces.base, pieces.offsets.tolist()
+        for token_id in range(len(offsets) - 1):
+            if silent[token_id]:
+                yield b""
+            elif token_id in byte_of:
+                yield bytes((byte_of[token_id],))
+            else:
+                yield blob[base + offsets[token_id]:base + offsets[token_id + 1]].replace(META_SPACE, SPACE)
+
     def __getitem__(self, token_id: int) -> bytes:
         if self._silent[token_id]:
             return b""
@@ -436,6 +448,10 @@ class SentencePieceTokenizer(PieceTable):
         if self._control[token_id] and self.token_id(piece) == token_id:
             return piece.decode("utf-8", "replace")
         return self.decode([token_id])
+
+    def control_spellings(self) -> dict[int, bytes]:
+        """PieceTable.control_spellings, read from the piece table."""
+        return {i: self._tables.pieces[i] for i in self._control_ids if self._tables.pieces[i]}
 
     def control_pieces(self) -> tuple[str, ...]:
         """The control pieces' spellings, longest first (PieceTable.control_pieces)."""

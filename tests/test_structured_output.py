@@ -1,0 +1,242 @@
+"""Structured output (docs/structured_output.md): a corpus of JSON Schemas,
+regular expressions, choices and grammars run greedy and sampled on the
+real models; every reply that the grammar ended is checked by an oracle
+that is not the code under test (the `jsonschema` package, Python's `re`,
+the choice list, a fresh llguidance parser), and every other reply says it
+ran out of tokens."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+llguidance = pytest.importorskip("llguidance", reason="structured output needs llguidance (make test installs it)")
+jsonschema = pytest.importorskip("jsonschema", reason="the oracle for JSON replies is the jsonschema package")
+
+import gemma_cy  # noqa: E402
+from gemma_cy.errors import ParameterError  # noqa: E402
+from gemma_cy.tokenizers.token_bytes import SPECIAL_MARK, token_bytes  # noqa: E402
+
+S = {"type": "string", "maxLength": 12}
+NAME = {"type": "string", "minLength": 1, "maxLength": 10}
+SMALL = {"type": "integer", "minimum": 0, "maximum": 99}
+
+
+def obj(props: dict, required=None, extra=False, **more) -> dict:
+    return {"type": "object", "properties": props, "required": list(props) if required is None else required,
+            "additionalProperties": extra, **more}
+
+
+# 50 schemas: nested objects, arrays with bounds, enums, patterns and formats,
+# integer and number ranges, optional fields, additionalProperties, $ref, anyOf.
+SCHEMAS = [
+    {"type": "object"},
+    {"type": "array", "items": SMALL, "minItems": 1, "maxItems": 4},
+    {"type": "boolean"},
+    {"type": "integer", "minimum": -5, "maximum": 5},
+    {"type": "number", "minimum": 0, "maximum": 1},
+    {"type": "string", "enum": ["red", "green", "blue"]},
+    {"type": "string", "pattern": "^[A-Z][a-z]{1,8}$"},
+    {"type": "string", "format": "date"},
+    {"type": "string", "format": "email", "maxLength": 30},
+    {"type": "string", "format": "uuid"},
+    obj({"name": NAME, "age": SMALL}),
+    obj({"name": NAME, "age": SMALL}, required=["name"]),
+    obj({"city": S, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}),
+    obj({"ok": {"type": "boolean"}, "count": {"type": "integer", "minimum": 1, "maximum": 3}}),
+    obj({"color": {"enum": ["red", "green"]}, "shade": {"type": "integer", "minimum": 0, "maximum": 9}}),
+    obj({"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}}),
+    obj({"point": obj({"x": SMALL, "y": SMALL})}),
+    obj({"user": obj({"name": NAME, "address": obj({"street": S, "no": SMALL})})}),
+    obj({"items": {"type": "array", "items": obj({"id": SMALL, "label": NAME}), "minItems": 1, "maxItems": 2}}),
+    obj({"price": {"type": "number", "minimum": 0, "maximum": 1000}, "currency": {"const": "EUR"}}),
+    obj({"when": {"type": "string", "format": "date"}, "at": {"type": "string", "format": "time"}}),
+    obj({"email": {"type": "string", "format": "email", "maxLength": 30}}),
+    obj({"id": {"type": "string", "format": "uuid"}}),
+    obj({"a": SMALL, "b": SMALL, "c": SMALL}, required=["a"]),
+    obj({"title": NAME}, extra=True, maxProperties=2),
+    obj({"v": {"anyOf": [SMALL, NAME]}}),
+    obj({"v": {"anyOf": [{"type": "null"}, {"type": "boolean"}]}}),
+    {"anyOf": [obj({"kind": {"const": "circle"}, "r": SMALL}), obj({"kind": {"const": "square"}, "side": SMALL})]},
+    {"$defs": {"pt": obj({"x": SMALL, "y": SMALL})}, **obj({"a": {"$ref": "#/$defs/pt"}, "b": {"$ref": "#/$defs/pt"}})},
+    {"$defs": {"name": NAME}, **obj({"first": {"$ref": "#/$defs/name"}, "last": {"$ref": "#/$defs/name"}})},
+    {"type": "array", "items": obj({"n": SMALL}), "maxItems": 3},
+    {"type": "array", "prefixItems": [NAME, SMALL], "items": False, "minItems": 2},
+    {"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 2},
+    obj({"matrix": {"type": "array", "items": {"type": "array", "items": SMALL, "maxItems": 2}, "maxItems": 2}}),
+    obj({"score": {"type": "number", "exclusiveMinimum": 0, "maximum": 10}}),
+    obj({"n": {"type": "integer", "minimum": 100, "maximum": 200}}),
+    obj({"n": {"type": "integer", "minimum": -50, "maximum": -10}}),
+    obj({"code": {"type": "string", "pattern": "^[A-F0-9]{4}$"}}),
+    obj({"lang": {"enum": ["en", "fr", "de"]}, "words": {"type": "integer", "minimum": 1, "maximum": 9}}),
+    obj({"answer": {"enum": ["yes", "no", "maybe"]}, "why": S}, required=["answer"]),
+    obj({"meta": obj({}, extra=False), "data": {"type": "array", "items": SMALL, "maxItems": 2}}),
+    obj({"nullable": {"type": ["string", "null"], "maxLength": 8}}),
+    obj({"flag": {"type": "boolean"}, "note": S}, required=["flag"]),
+    {"type": "object", "properties": {"k": SMALL}, "required": ["k"]},
+    obj({"when": {"type": "string", "format": "date-time"}}),
+    obj({"ip": {"type": "string", "format": "ipv4"}}),
+    obj({"a": obj({"b": obj({"c": obj({"d": SMALL})})})}),
+    obj({"pair": {"type": "array", "prefixItems": [{"enum": ["x", "y"]}, SMALL], "items": False, "minItems": 2}}),
+    {"oneOf": [obj({"cat": NAME}), obj({"dog": NAME})]},
+    obj({"list": {"type": "array", "items": NAME, "minItems": 2, "maxItems": 3}}),
+]
+
+# Every regex and grammar below is bounded (its longest match is a few dozen
+# characters), so each reply must end by the grammar within MAX_TOKENS.
+
+def unbounded(schema) -> bool:
+    """True if a match can be any length: a number (its digits), a time (its
+    fraction of a second), an object open to more keys, or such a part."""
+    if not isinstance(schema, dict):
+        return False
+    if schema.get("type") == "number" or schema.get("format") in ("time", "date-time"):
+        return True
+    if schema.get("type") == "object" and schema.get("additionalProperties", True) is not False:
+        return True
+    if schema.get("type") == "array" and "maxItems" not in schema and schema.get("items") is not False:
+        return True
+    parts = [*schema.get("properties", {}).values(), *schema.get("$defs", {}).values(), *schema.get("anyOf", []),
+             *schema.get("oneOf", []), *schema.get("prefixItems", [])]
+    if isinstance(schema.get("items"), dict):
+        parts.append(schema["items"])
+    return any(unbounded(p) for p in parts)
+
+
+UNBOUNDED = [s for s in SCHEMAS if unbounded(s)]
+
+REGEXES = [r"[0-9]{3}-[0-9]{4}", r"(yes|no|maybe)", r"[A-Z][a-z]{1,10} [A-Z][a-z]{1,10}", r"\d{4}-\d{2}-\d{2}",
+           r"#[0-9a-f]{6}", r"[a-z]{1,10}@[a-z]{1,10}\.(com|org)", r"(0|[1-9][0-9]{0,2})(\.[0-9]{1,2})?",
+           r" ?[A-Za-z ]{1,20}\."]
+CHOICES = [["yes", "no"], [" red", " green", " blue"], ["positive", "negative", "neutral"], ["A", "B", "C", "D"]]
+GRAMMARS = [
+    'root ::= greeting " " name "."\ngreeting ::= "Hello" | "Hi"\nname ::= [A-Z] [a-z]{1,10}',
+    'root ::= "(" expr ")"\nexpr ::= num (("+" | "*") num){0,4}\nnum ::= [0-9]{1,3}',
+    'root ::= item ("," item){0,5}\nitem ::= "a" | "b" | "c"',
+    'start: "SELECT " COL " FROM " TABLE\nCOL: /[a-z]{1,10}/\nTABLE: /[a-z]{1,10}/',
+    'start: word (" " word)~0..4 "!"\nword: /[a-z]{1,8}/',
+]
+PROMPTS = ["Give me the answer as JSON:", "Here is the data:", "Output:", "The result is"]
+RUNS = [dict(temperature=0), dict(temperature=1.0, seed=1), dict(temperature=1.0, seed=2)]
+MAX_TOKENS = 96
+
+
+def run_all(model, prompt_of, specs: list[dict]) -> list[tuple[dict, dict, object]]:
+    """Every spec under every RUNS setting, in one batch; (spec, run, Completion)."""
+    cases = [(spec, run) for spec in specs for run in RUNS]
+    prompts = [prompt_of(i) for i in range(len(cases))]
+    done = model.complete(prompts, per_sequence=[{**spec, **run} for spec, run in cases], max_tokens=MAX_TOKENS)
+    return [(spec, run, c) for (spec, run), c in zip(cases, done)]
+
+
+def check_ended(results, valid, unbounded=()) -> None:
+    """Every reply the grammar ended is valid; a reply to a bounded spec must
+    end by the grammar; one to an unbounded spec may run to MAX_TOKENS."""
+    for spec, run, c in results:
+        if c.stop_reason == "grammar":
+            valid(spec, c.text)
+        else:
+            assert any(spec == u for u in unbounded), (spec, run, c.stop_reason, c.text)
+            assert c.stop_reason == "max_tokens" and len(c.ids) == MAX_TOKENS, (spec, run, c.stop_reason)
+
+
+@pytest.fixture(scope="module", params=["gemma3", "smollm2"])
+def model(request, default_model):
+    if request.param == "gemma3":
+        return gemma_cy.load(default_model, max_cache_len=256, max_sequences=16)
+    from gemma_cy.commands.default_model import smollm2_source_path
+    from gemma_cy.errors import GemmaCyError
+    try:
+        path = smollm2_source_path()
+    except GemmaCyError as e:
+        pytest.skip(f"the SmolLM2 package is not installed ({e})")
+    return gemma_cy.load(path, max_cache_len=256, max_sequences=16)
+
+
+def test_json_schemas_every_reply_validates(model):
+    assert len(SCHEMAS) >= 50
+    for schema in SCHEMAS:
+        jsonschema.Draft202012Validator.check_schema(schema)
+
+    def valid(spec, text):
+        jsonschema.validate(json.loads(text), spec["json_schema"], cls=jsonschema.Draft202012Validator,
+                            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+
+    results = run_all(model, lambda i: PROMPTS[i % len(PROMPTS)], [{"json_schema": s} for s in SCHEMAS])
+    check_ended(results, valid, [{"json_schema": s} for s in UNBOUNDED])
+
+
+def test_regexes_choices_and_grammars_every_reply_matches(model):
+    def valid(spec, text):
+        if "regex" in spec:
+            assert re.fullmatch(spec["regex"], text), (spec, text)
+        elif "choices" in spec:
+            assert text in spec["choices"], (spec, text)
+        else:  # llguidance's own parser, fresh, fed the text
+            grammar = llguidance.grammar_from("grammar", spec["grammar"])
+            matcher = llguidance.LLMatcher(model._constraints.lltokenizer, grammar, log_level=0)
+            assert matcher.consume_tokens(model.tokenize(text, add_bos=False)) and matcher.is_accepting(), text
+
+    specs = ([{"regex": r} for r in REGEXES] + [{"choices": c} for c in CHOICES]
+             + [{"grammar": g} for g in GRAMMARS])
+    results = run_all(model, lambda i: PROMPTS[i % len(PROMPTS)], specs)
+    check_ended(results, valid)
+
+
+def test_a_constrained_sequence_gets_the_same_ids_in_a_batch_as_alone(model):
+    spec = {"json_schema": SCHEMAS[14]}
+    batch = model.complete(["Output:", "Hello", "Output:"],
+                           per_sequence=[{**spec, "temperature": 1.0, "seed": 5}, {}, {"regex": "[0-9]+"}],
+                           temperature=0, max_tokens=40)
+    alone = model.complete("Output:", **spec, temperature=1.0, seed=5, max_tokens=40)
+    assert batch[0].ids == alone.ids and batch[0].stop_reason == alone.stop_reason == "grammar"
+    assert re.fullmatch("[0-9]+", batch[2].text)
+
+
+def test_the_grammar_forbids_what_the_model_would_pick(model):
+    """A constraint changes the reply: unconstrained greedy text is not a digit string here."""
+    free = model.complete("The capital of France is", temperature=0, max_tokens=6)
+    held = model.complete("The capital of France is", temperature=0, max_tokens=6, regex=" [0-9]+")
+    assert not re.fullmatch(" [0-9]+", free.text) and re.fullmatch(" [0-9]+", held.text)
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(regex="[a-"), "regex: "),
+    (dict(json_schema={"type": "objec"}), "json_schema: "),
+    (dict(json_schema={"type": "string", "format": "no-such-format"}), "format"),
+    (dict(json_schema={"type": "array", "unevaluatedItems": False}), "unevaluatedItems"),
+    (dict(json_schema="{not json"), "json_schema: not JSON"),
+    (dict(grammar='root ::= undefined_rule'), "undefined_rule"),
+    (dict(choices=[]), "choices: "),
+    (dict(choices="yes"), "choices: "),
+    (dict(response_format={"type": "yaml"}), "response_format: "),
+    (dict(response_format={"type": "json_schema"}), "response_format: "),
+    (dict(regex="a", choices=["a"]), "at most one constraint"),
+])
+def test_a_constraint_that_does_not_compile_is_refused_before_anything_runs(default_model, kw, needle):
+    model = gemma_cy.load(default_model, max_cache_len=64, max_sequences=2)
+    for call in (lambda: model.complete("Hi", max_tokens=4, **kw),
+                 lambda: model.complete(["Hi", "Ho"], max_tokens=4, per_sequence=[{}, kw])):
+        with pytest.raises(ParameterError) as e:
+            call()
+        assert needle in str(e.value) and "\n" not in str(e.value)
+    assert model.session.ids == []  # nothing ran
+
+
+def test_every_tokenizer_gives_llguidance_its_bytes(default_model, tiny_model_path):
+    """The vocabulary table: ordinary ids are what they decode to, special ids
+    are marked, and a text's ids spell the text's bytes."""
+    for path in (default_model, str(tiny_model_path)):
+        tok = gemma_cy.load(path, max_cache_len=64).tokenizer
+        table = token_bytes(tok)
+        assert len(table) == tok.vocab_size
+        for tid in range(0, tok.vocab_size, max(1, tok.vocab_size // 5000)):
+            if tok.is_control(tid) or not tok.piece_bytes(tid):
+                assert table[tid].startswith(SPECIAL_MARK)
+            else:
+                assert table[tid] == tok.piece_bytes(tid)  # (the byte piece <0xFF> is b"\xff" itself)
+        assert sum(t.startswith(SPECIAL_MARK) for t in table) == sum(
+            tok.is_control(i) or not tok.piece_bytes(i) or tok.piece_bytes(i) == b"\xff" for i in range(len(table)))
+        text = "Hello, wörld! 123 {\"a\": [1, 2]}\n"
+        assert b"".join(table[i] for i in tok.encode(text)) == text.encode()
