@@ -71,6 +71,7 @@ elif MACHINE == "aarch64":
 EXTENSIONS = [
     extension("gemma_cy.fast.cpu_features", ["gemma_cy/fast/cpu_features.pyx"]),
     extension("gemma_cy.fast.faults", ["gemma_cy/fast/faults.pyx"]),
+    extension("gemma_cy.fast.token_mask", ["gemma_cy/fast/token_mask.pyx"]),
     extension("gemma_cy.formats.string_scan", ["gemma_cy/formats/string_scan.pyx"]),
     *(extension(f"gemma_cy.fast.simd_{isa}", [f"gemma_cy/fast/simd_{isa}.pyx"], isa_args=flags)
       for isa, flags in SIMD_FLAGS.items()),

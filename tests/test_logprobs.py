@@ -17,10 +17,11 @@ def test_a_tokens_logprob_is_its_log_softmax():
     assert got.top[0][1] == pytest.approx(3.0 - math.log(z), abs=1e-12)
 
 
-def test_masked_tokens_have_minus_infinity():
+def test_masked_tokens_have_minus_infinity_and_are_no_alternative():
     x = np.array([-np.inf, 2.0, -np.inf], dtype=np.float32)
     got = token_logprob(x, 1, top=2)
-    assert got.logprob == 0.0 and got.top[1] == (0, -math.inf)
+    assert got.logprob == 0.0 and got.top == ((1, 0.0),)  # -inf is not JSON, and cannot be drawn
+    assert token_logprob(x, 0, top=0).logprob == -math.inf
 
 
 def test_generated_ids_carry_their_logprobs(tiny_model):

@@ -400,7 +400,7 @@ def test_example_runs(line, cmd, workdir):
     assert result.returncode == 0, f"{where}\nstderr: {result.stderr[-3000:]}"
     if k in ("gemma-cy", "time", "gemma-cy-eval"):
         assert result.stdout.strip(), f"{where}\nno text on stdout; stderr: {result.stderr[-2000:]}"
-    if k == "gemma-cy" and "--json" in run:
+    if k == "gemma-cy" and re.search(r"\s--json(\s|$)", run):  # (not --json_schema, --json_object)
         assert json.loads(result.stdout)["generated_ids"], where
     if k == "gemma-cy-convert":
         out = re.search(r"(?:-o|--output)\s+(\S+)", run)[1]

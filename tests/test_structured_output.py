@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 llguidance = pytest.importorskip("llguidance", reason="structured output needs llguidance (make test installs it)")
@@ -240,3 +241,111 @@ def test_every_tokenizer_gives_llguidance_its_bytes(default_model, tiny_model_pa
             tok.is_control(i) or not tok.piece_bytes(i) or tok.piece_bytes(i) == b"\xff" for i in range(len(table)))
         text = "Hello, wörld! 123 {\"a\": [1, 2]}\n"
         assert b"".join(table[i] for i in tok.encode(text)) == text.encode()
+
+
+def test_cli_flags_give_what_the_api_gives(default_model, tmp_path):
+    from helpers import cli
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema), encoding="utf-8")
+    (tmp_path / "g.gbnf").write_text('root ::= "Hi " [A-Z] [a-z]{1,6} "."\n', encoding="utf-8")
+    (tmp_path / "g.lark").write_text('start: "Hi " /[A-Z][a-z]{1,6}/ "."\n', encoding="utf-8")
+    model = gemma_cy.load(default_model, max_cache_len=128)
+    cases = [(["--json_schema", str(tmp_path / "s.json")], dict(json_schema=schema)),
+             (["--json_schema", json.dumps(schema)], dict(json_schema=schema)),
+             (["--json_object"], dict(response_format={"type": "json_object"})),
+             (["--regex", "[0-9]{2}"], dict(regex="[0-9]{2}")),
+             (["--grammar", str(tmp_path / "g.gbnf")], dict(grammar='root ::= "Hi " [A-Z] [a-z]{1,6} "."\n')),
+             (["--grammar", str(tmp_path / "g.lark")], dict(grammar='start: "Hi " /[A-Z][a-z]{1,6}/ "."\n')),
+             (["--choice", "red", "--choice", "blue"], dict(choices=["red", "blue"]))]
+    for flags, kw in cases:
+        out = cli("-m", default_model, "-p", "Answer:", "-n", "24", "--temp", "0", "--json", *flags)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        want = model.complete("Answer:", max_tokens=24, temperature=0, **kw)
+        assert got["generated_ids"] == want.ids and got["stop_reason"] == want.stop_reason, flags
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--regex", "[a-"], "regex: "),
+    (["--json_schema", '{"type": "string", "format": "no-such"}'], "no-such"),
+    (["--json_schema", "/no/such/file.json"], "--json_schema /no/such/file.json: cannot read"),
+    (["--grammar", "/no/such/file.gbnf"], "--grammar /no/such/file.gbnf: cannot read"),
+    (["--regex", "a", "--choice", "a"], "at most one"),
+])
+def test_cli_refuses_a_constraint_that_does_not_compile_with_exit_2(flags, needle):
+    from helpers import assert_one_line_error, cli
+
+    out = cli("-p", "x", *flags)
+    assert_one_line_error(out, needle, code=2)
+    assert out.stdout == ""
+
+
+def test_batch_lines_carry_their_own_constraint(default_model):
+    import io
+
+    from gemma_cy.commands.batch import run_batch
+
+    model = gemma_cy.load(default_model, max_cache_len=128, max_sequences=4)
+    lines = [json.dumps({"prompt": "Year:", "regex": " [0-9]{4}", "max_tokens": 12, "temperature": 0}),
+             json.dumps({"prompt": "Color:", "choices": [" red", " blue"], "temperature": 0.8, "seed": 3}),
+             json.dumps({"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 40,
+                         "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMAS[13]}}}),
+             json.dumps({"prompt": "x", "regex": "[a-"})]
+    out = io.StringIO()
+    run_batch(model, lines, out)
+    records = [json.loads(r) for r in out.getvalue().splitlines()]
+    assert "regex: " in records[3]["error"]
+    alone = [model.complete("Year:", regex=" [0-9]{4}", max_tokens=12, temperature=0),
+             model.complete("Color:", choices=[" red", " blue"], temperature=0.8, seed=3),
+             model.chat_complete([{"role": "user", "content": "JSON please"}], max_tokens=40,
+                                 response_format={"type": "json_schema", "json_schema": {"schema": SCHEMAS[13]}})]
+    for record, want in zip(records, alone):
+        assert record["ids"] == want.ids and record["stop_reason"] == want.stop_reason == "grammar", record
+
+
+def test_forced_ids_run_as_one_block_and_change_nothing(default_model, monkeypatch):
+    """Ids the grammar allows alone (a JSON key's text) are appended without
+    sampling and run as one block: greedy gives the ids it gives when each
+    is sampled from a one-id mask and decoded alone, in fewer forward passes."""
+    from gemma_cy.generation.constraint import Constraint
+
+    model = gemma_cy.load(default_model, max_cache_len=128)
+    schema = SCHEMAS[17]  # nested objects: several keys' text forced
+    messages = [{"role": "user", "content": "A user as JSON."}]
+    passes = []
+    engine_prefill = model.engine.prefill
+    monkeypatch.setattr(model.engine, "prefill", lambda ids, *a: passes.append(len(ids)) or engine_prefill(ids, *a))
+    block = model.chat(messages, json_schema=schema, temperature=0, max_tokens=60)
+    block.complete()
+    assert block.constraint.forced > 0 and any(n > 1 for n in passes[1:]), passes
+    monkeypatch.setattr(Constraint, "forced_ids", lambda self, limit, stop_ids: [])
+    alone = model.chat_complete(messages, json_schema=schema, temperature=0, max_tokens=60)
+    assert block.generated_ids == alone.ids and block.stop_reason == alone.stop_reason == "grammar"
+
+
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 1000, 262_144])
+def test_the_mask_kernel_is_the_bits(n):
+    from gemma_cy.fast.token_mask import apply_token_mask
+
+    rng = np.random.default_rng(n)
+    logits = rng.standard_normal(n).astype(np.float32)
+    bits = rng.integers(0, 2**32, (n + 31) // 32, dtype=np.uint32)
+    allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[:n].astype(bool)  # NumPy's own reading
+    out = np.empty_like(logits)
+    assert apply_token_mask(out, logits, bits) == allowed.sum()
+    assert np.array_equal(out[allowed], logits[allowed]) and np.all(out[~allowed] == -np.inf)
+    for bad in ((np.empty(n + 1, np.float32), logits, bits), (out, logits, bits[:-1])):
+        if bad[2].size * 32 >= n and bad[0].size == n:
+            continue
+        with pytest.raises(ValueError):
+            apply_token_mask(*bad)
+
+
+def test_a_stop_string_inside_forced_ids_ends_there_with_one_logprob_per_id(default_model):
+    model = gemma_cy.load(default_model, max_cache_len=128)
+    schema = obj({"alpha": SMALL, "beta": SMALL})
+    out = model.complete("JSON:", json_schema=schema, temperature=0, max_tokens=40, stop=['"be'], logprobs=1)
+    assert out.stop_reason == "stop" and out.text.startswith('{"alpha": ') and '"be' not in out.text
+    assert len(out.logprobs) == len(out.ids) and [lp.token_id for lp in out.logprobs] == out.ids

@@ -20,13 +20,14 @@ import sys
 from typing import Any
 
 from ..errors import GemmaCyError, ParameterError
+from ..generation.constraint import CONSTRAINT_KEYWORDS
 from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES, check_max_sequences
 from .flags import EXIT_ERROR, EXIT_INTERRUPTED, OneLineParser, UsageError, add_model_flags, int_flag, read_utf8
 
 # Request keys besides the sampling keywords (gemma_cy.api._SEQUENCE_KEYWORDS).
 PROMPT_KEYS = ("prompt", "prompt_ids", "messages")
 JSON_KEYWORDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                 "frequency_penalty", "repeat_last_n", "seed", "stop", "terminate_on_eos")
+                 "frequency_penalty", "repeat_last_n", "seed", "stop", "terminate_on_eos", *CONSTRAINT_KEYWORDS)
 MAX_LINE_BYTES = 16 << 20
 
 

@@ -89,7 +89,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump", action="store_true", help="print the config and tensor table, then exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (ids, text, stop reason, speeds) instead of streaming")
+    shape = p.add_argument_group("structured output (at most one; docs/structured_output.md)")
+    shape.add_argument("--json_schema", metavar="FILE|JSON",
+                       help="the reply is JSON matching this schema (a file, or the schema itself)")
+    shape.add_argument("--json_object", action="store_true", help="the reply is a JSON object (any)")
+    shape.add_argument("--regex", metavar="RE", help="the reply matches this regular expression")
+    shape.add_argument("--grammar", metavar="FILE", help="the reply is in this grammar (GBNF .gbnf or Lark .lark)")
+    shape.add_argument("--choice", action="append", metavar="TEXT", help="the reply is one of these (repeat)")
     return p
+
+
+def constraint_kwargs(args) -> dict:
+    """The structured-output keyword the flags give ({} for none), its
+    files read and its grammar checked: ParameterError (exit 2) if it does
+    not compile."""
+    from ..generation.constraint import check_spec, constraint_spec
+
+    given = [f for f, v in (("--json_schema", args.json_schema), ("--json_object", args.json_object or None),
+                            ("--regex", args.regex), ("--grammar", args.grammar), ("--choice", args.choice))
+             if v is not None]
+    if len(given) > 1:
+        raise ParameterError(f"{given[0]} and {given[1]}: give at most one")
+    if args.json_schema is not None:
+        text = args.json_schema
+        kw = {"json_schema": text if text.lstrip().startswith("{") else read_utf8(text, "--json_schema")}
+    elif args.json_object:
+        kw = {"response_format": {"type": "json_object"}}
+    elif args.regex is not None:
+        kw = {"regex": args.regex}
+    elif args.grammar is not None:
+        kw = {"grammar": read_utf8(args.grammar, "--grammar")}
+    elif args.choice is not None:
+        kw = {"choices": args.choice}
+    else:
+        return {}
+    spec = constraint_spec(**kw)
+    if spec is not None:
+        check_spec(spec)
+    return kw
 
 
 def check_values(args) -> None:
@@ -105,6 +142,7 @@ def check_values(args) -> None:
     Sampler(temperature=args.temp, min_p=args.minp, top_k=args.topk, top_p=args.topp, seed=args.seed)
     Penalties(args.repeat_penalty, args.presence_penalty, args.frequency_penalty, args.repeat_last_n)
     check_stop_strings(args.stop)
+    args.constraint = constraint_kwargs(args)
     if args.system is not None and (args.prompt_ids is not None or (args.prompt is not None and not args.chat_format)):
         raise ParameterError("--system needs --chat_format 1 with a text prompt, or the interactive chat")
 
@@ -223,7 +261,7 @@ def chat_loop(model, args, read_line=input, out=None) -> int:
         if len(model.chat_ids(messages)) >= model.context_len:
             sys.stderr.write(f"(context of {model.context_len} tokens is full: starting a new chat)\n")
             messages = start + [messages[-1]]
-        gen = model.chat(messages, rng=rng, **sampling_kwargs(args))
+        gen = model.chat(messages, rng=rng, **sampling_kwargs(args), **getattr(args, "constraint", {}))
         try:
             for step in gen:
                 out.write(step.text)
@@ -266,7 +304,8 @@ def run(args) -> int:
     prompt = prompt_source(args, sys.stdin.buffer if interactive else None)
     ids = model.prompt_ids(prompt, chat_format=bool(args.chat_format), parse_special=bool(args.parse_special),
                            system=args.system if args.chat_format else None)
-    gen = model.generate(ids, terminate_on_eos=bool(args.terminate_on_eos), **sampling_kwargs(args))
+    gen = model.generate(ids, terminate_on_eos=bool(args.terminate_on_eos), **sampling_kwargs(args),
+                         **getattr(args, "constraint", {}))
     if gen.max_new_tokens < args.n_dec:
         sys.stderr.write(f"warning: --n_dec {args.n_dec} clamped to {gen.max_new_tokens}: prompt "
                          f"{len(ids)} + n_dec would pass the context of {model.context_len}\n")

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ParameterError
+from ..fast.token_mask import apply_token_mask
 from ..tokenizers.token_bytes import token_bytes
 
 # The API keywords that ask for a constraint (at most one per generation).
@@ -119,6 +120,26 @@ def constraint_spec(response_format=None, json_schema=None, regex=None, grammar=
     return None
 
 
+def grammar_text(spec: ConstraintSpec) -> str:
+    """The llguidance grammar of ``spec`` (ParameterError if it has none)."""
+    llg = _llguidance()
+    kind = {"json_schema": "json_schema", "regex": "regex", "grammar": "grammar", "choices": "choice"}[spec.kind]
+    try:
+        if kind == "json_schema":
+            return llg.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_LAYOUT)
+        return llg.grammar_from(kind, spec.text)
+    except Exception as e:  # noqa: BLE001 - the GBNF converter raises what its parser meets; one line
+        raise ParameterError(f"{spec.source}: {_one_line(e)}") from None
+
+
+def check_spec(spec: ConstraintSpec) -> None:
+    """ParameterError naming the problem if ``spec`` does not compile (no
+    vocabulary needed: what the CLI checks before it loads a model)."""
+    error = _llguidance().LLMatcher.validate_grammar(grammar_text(spec))
+    if error:
+        raise ParameterError(f"{spec.source}: {_one_line(error)}")
+
+
 class _Vocabulary:
     """What llguidance's TokenizerWrapper reads of a tokenizer."""
 
@@ -157,20 +178,9 @@ class ConstraintCompiler:
                                                 eos_token=list(self.stop_ids))
         return self._lltokenizer
 
-    def grammar(self, spec: ConstraintSpec) -> str:
-        """The llguidance grammar of ``spec`` (ParameterError if it has none)."""
-        llg = _llguidance()
-        kind = {"json_schema": "json_schema", "regex": "regex", "grammar": "grammar", "choices": "choice"}[spec.kind]
-        try:
-            if kind == "json_schema":
-                return llg.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_LAYOUT)
-            return llg.grammar_from(kind, spec.text)
-        except (ValueError, TypeError, RuntimeError) as e:
-            raise ParameterError(f"{spec.source}: {_one_line(e)}") from None
-
     def compile(self, spec: ConstraintSpec) -> Constraint:
         llg = _llguidance()
-        matcher = llg.LLMatcher(self.lltokenizer, self.grammar(spec), log_level=0)
+        matcher = llg.LLMatcher(self.lltokenizer, grammar_text(spec), log_level=0)
         if matcher.is_error():
             raise ParameterError(f"{spec.source}: {_one_line(matcher.get_error())}")
         return Constraint(matcher, self.vocab_size)
@@ -188,29 +198,48 @@ class Constraint:
         self.matcher = matcher
         self.vocab_size = vocab_size
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)  # the packed mask, bit i of word i // 32
-        self.forced = 0  # ids the grammar allowed alone (no choice was left to sampling)
+        self.forced = 0  # ids the grammar allowed alone, appended without sampling (forced_ids)
 
     @property
     def finished(self) -> bool:
         """True when the grammar takes no further id (a complete match, or an error)."""
         return self.matcher.is_stopped()
 
-    def allowed(self) -> np.ndarray:
-        """The ids the grammar allows next, as one bool per id."""
+    def _fill_bits(self) -> None:
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         if self.matcher.is_error():
             raise ParameterError(f"constraint: {_one_line(self.matcher.get_error())}")
+
+    def allowed(self) -> np.ndarray:
+        """The ids the grammar allows next, as one bool per id."""
+        self._fill_bits()
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size]
         return bits.view(bool)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """A copy of ``logits`` with every id the grammar forbids at -inf."""
-        allowed = self.allowed()
-        if np.count_nonzero(allowed) == 1:
-            self.forced += 1
-        out = np.array(logits, dtype=np.float32, copy=True)
-        np.copyto(out, np.float32(-np.inf), where=~allowed)
+        x = np.ascontiguousarray(logits, dtype=np.float32)
+        if x.shape != (self.vocab_size,):
+            raise ParameterError(f"constraint: logits of shape {x.shape}, the vocabulary has {self.vocab_size} ids")
+        self._fill_bits()
+        out = np.empty_like(x)
+        apply_token_mask(out, x, self._bits.view(np.uint32))
         return out
+
+    def forced_ids(self, limit: int, stop_ids) -> list[int]:
+        """The ids the grammar now allows alone, one after the other (at most
+        ``limit``, none of ``stop_ids``), consumed: they follow without
+        sampling and run through the model as one block."""
+        if limit <= 0:
+            return []
+        forced = []
+        for token in self.matcher.compute_ff_tokens()[:limit]:
+            if token in stop_ids:
+                break
+            self.consume(token)
+            forced.append(token)
+        self.forced += len(forced)
+        return forced
 
     def consume(self, token: int) -> None:
         if not self.matcher.consume_token(token):

@@ -304,19 +304,28 @@ class Generation:
                 self.logprobs.append(token_logprob(seen, token, self.top_logprobs))
             if constraint is not None:
                 constraint.consume(token)
-            self.generated_ids.append(token)
-            shown = stops.push(decoder.push(token))
-            self.text += shown
-            if stops.found is not None:
-                self.stop_string = stops.found
-                self._finish("stop", token)
-                yield Step(token, shown)
-                return
-            yield Step(token, shown)
+            run = [token]
+            if constraint is not None:  # ids the grammar allows alone follow without sampling
+                forced = constraint.forced_ids(budget - len(self.generated_ids) - 1, self.stop_ids)
+                run += forced
+                if self.top_logprobs is not None:  # the only id allowed: probability 1
+                    self.logprobs += [TokenLogprob(f, 0.0, ((f, 0.0),)[:self.top_logprobs]) for f in forced]
+            for shown_id in run:
+                self.generated_ids.append(shown_id)
+                shown = stops.push(decoder.push(shown_id))
+                self.text += shown
+                if stops.found is not None:
+                    del self.logprobs[len(self.generated_ids):]  # (forced ids after the stop are not kept)
+                    self.stop_string = stops.found
+                    self._finish("stop", shown_id)
+                    yield Step(shown_id, shown)
+                    return
+                yield Step(shown_id, shown)
             if len(self.generated_ids) < budget and not (constraint is not None and constraint.finished):
-                logits = yield Forward([token], prefill=False)
-                ids.append(token)
-                self.timing.decode_tokens += 1
+                # several ids run as one block: the same bits as one at a time (docs/numerics.md#bit-for-bit)
+                logits = yield Forward(run, prefill=len(run) > 1)
+                ids.extend(run)
+                self.timing.decode_tokens += len(run)
                 self.timing.decode_seconds = time.perf_counter() - decode_start
         tail = stops.push(decoder.flush())
         if stops.found is not None:

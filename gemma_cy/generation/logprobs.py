@@ -4,7 +4,8 @@ The distribution is the one the sampler is given: the model's logits after
 penalties and logits processors, before temperature and the top-k/top-p/
 min-p filters (what OpenAI's and llama.cpp's servers report as logprobs).
 It is computed in f64 from the f32 logits: log p_i = x_i - m - log(sum_j
-exp(x_j - m)), m = max x; a token a processor masked (-inf) has log p = -inf.
+exp(x_j - m)), m = max x; a token a processor or a grammar masked (-inf)
+has log p = -inf and is never listed among the ``top`` alternatives.
 """
 from __future__ import annotations
 
@@ -50,5 +51,6 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
         k = min(top, len(x))
         part = np.argpartition(-logp, k - 1)[:k]
         order = sorted(part.tolist(), key=lambda i: (-logp[i], i))
-        best = tuple((int(i), float(logp[i])) for i in order)
+        # ids a mask or processor set to -inf cannot be drawn: they are no alternative (nor JSON)
+        best = tuple((int(i), float(logp[i])) for i in order if logp[i] > -np.inf)
     return TokenLogprob(int(token), float(logp[token]), best)
