@@ -762,3 +762,22 @@ def test_convert_gguf_writes_tokenizer_bin(tmp_path):
     expected = list(PIECES)
     expected[CONT4] = b"x4"
     assert read_tokenizer_bin(out_dir / "tokenizer.bin")[0] == expected
+
+
+def test_a_llama2c_model_can_be_held_to_a_grammar(exported):
+    """Structured output on a tokenizer.bin vocabulary (docs/structured_output.md#the-vocabulary):
+    byte pieces are their byte, <s> and </s> are marked special, and a regex holds."""
+    pytest.importorskip("llguidance", reason="structured output needs llguidance (make test installs it)")
+    import re
+
+    import gemma_cy
+    from gemma_cy.tokenizers.token_bytes import SPECIAL_MARK, token_bytes
+
+    _, d = exported
+    model = gemma_cy.load(str(d / "model.bin"), str(d / "tokenizer.bin"), max_cache_len=64)
+    table = token_bytes(model.tokenizer)
+    assert table[byte_id(ord("A"))] == b"A" and table[NL] == b"\n" and table[CONT4] == b"\x80\x80\x80\x80"
+    assert table[1].startswith(SPECIAL_MARK) and table[2].startswith(SPECIAL_MARK)
+    for seed in range(3):
+        out = model.complete("ab", regex="[abc]{2,4}!", temperature=1.0, seed=seed, max_tokens=12)
+        assert out.stop_reason == "grammar" and re.fullmatch("[abc]{2,4}!", out.text), out

@@ -349,3 +349,20 @@ def test_a_stop_string_inside_forced_ids_ends_there_with_one_logprob_per_id(defa
     out = model.complete("JSON:", json_schema=schema, temperature=0, max_tokens=40, stop=['"be'], logprobs=1)
     assert out.stop_reason == "stop" and out.text.startswith('{"alpha": ') and '"be' not in out.text
     assert len(out.logprobs) == len(out.ids) and [lp.token_id for lp in out.logprobs] == out.ids
+
+
+def test_penalties_and_processors_compose_with_the_grammar(default_model):
+    """The mask comes after penalties and processors: a processor's ban holds
+    inside the grammar, and the reply still matches."""
+    model = gemma_cy.load(default_model, max_cache_len=128)
+    free = model.complete("Digits:", regex="[0-9]{6}", temperature=0, max_tokens=12)
+    banned = free.ids[0]
+
+    def ban(ids, logits):
+        logits[banned] = -np.inf
+        return logits
+
+    for kw in (dict(logits_processor=ban), dict(logits_processor=ban, presence_penalty=1.5, frequency_penalty=0.5),
+               dict(logits_processor=ban, temperature=0.9, seed=7, top_k=5, top_p=0.9, repeat_penalty=1.3)):
+        out = model.complete("Digits:", regex="[0-9]{6}", max_tokens=12, **{"temperature": 0, **kw})
+        assert re.fullmatch("[0-9]{6}", out.text) and banned not in out.ids and out.stop_reason == "grammar", out

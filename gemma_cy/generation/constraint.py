@@ -149,9 +149,34 @@ class _Vocabulary:
         self.bos_token_id = getattr(tokenizer, "bos_id", None)
         self.special_token_ids = [i for i, t in enumerate(self.tokens) if t[:1] == b"\xff"]
         self._tokenizer = tokenizer
+        self._pieces: dict[bytes, int] | None = None  # bytes -> first id, built when first needed
+        self._longest = 0
 
     def __call__(self, data: bytes) -> list[int]:
-        return self._tokenizer.encode(data)
+        """Ids spelling exactly ``data`` (what llguidance asks for the text a
+        grammar forces): the tokenizer's own, unless it changes the bytes
+        (llama2.c's tokenizer puts a space before the text), then the
+        longest pieces first."""
+        ids = self._tokenizer.encode(data)
+        if b"".join(self.tokens[i] for i in ids) == data:
+            return ids
+        if self._pieces is None:
+            self._pieces = {}
+            for i, t in enumerate(self.tokens):
+                if t and t[:1] != b"\xff":
+                    self._pieces.setdefault(t, i)
+            self._longest = max(map(len, self._pieces))
+        out, at = [], 0
+        while at < len(data):
+            for n in range(min(self._longest, len(data) - at), 0, -1):
+                tid = self._pieces.get(data[at:at + n])
+                if tid is not None:
+                    out.append(tid)
+                    at += n
+                    break
+            else:  # a byte no piece spells: leave the rest to llguidance
+                break
+        return out
 
 
 def _llguidance():
