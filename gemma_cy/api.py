@@ -30,6 +30,7 @@ from .generation.batch import BatchGeneration, SlotEngine
 from .generation.generator import Completion, Generation, Observer, check_prompt_fits
 from .generation.constraint import CONSTRAINT_KEYWORDS, Constraint, ConstraintCompiler, constraint_spec
 from .generation.logprobs import check_top_logprobs
+from .generation.speculative import check_speculative
 from .generation.stops import check_stop_strings
 from .generation.sampling import Sampler
 from .tokenizers.greedy import GreedyTokenizer
@@ -267,7 +268,7 @@ class Model:
                     frequency_penalty=0.0, repeat_last_n=DEFAULT_REPEAT_LAST_N, seed=0, rng=None, stop=None,
                     logits_processor=None, accept_token=None, observer=None,
                     terminate_on_eos=True, engine=None, session=None, reused=0, logprobs=None,
-                    **constraint) -> Generation:
+                    speculative=None, draft_max=None, **constraint) -> Generation:
         """A Generation of ``ids`` from the engine's current position (the
         model's engine and session, or a batch slot's), its first ``reused``
         ids already in the cache; ``constraint``: one of CONSTRAINT_KEYWORDS."""
@@ -279,7 +280,8 @@ class Model:
                           stop_ids=self.stop_ids if terminate_on_eos else frozenset(), observer=observer,
                           stop=stop, logits_processor=logits_processor, accept_token=accept_token,
                           penalties=penalties, session=self.session if session is None else session,
-                          reused=reused, logprobs=logprobs, constraint=compiled)
+                          reused=reused, logprobs=logprobs, constraint=compiled,
+                          speculative=check_speculative(speculative, draft_max))
 
     def compile_constraint(self, keywords: dict) -> Constraint | None:
         """The Constraint the keywords ask for (docs/structured_output.md), or None."""
@@ -322,6 +324,9 @@ class Model:
         or GBNF text), ``choices`` (a list of strings): only ids that keep
         the text a prefix of a match are sampled, and the generation ends
         with stop reason "grammar" when the match is complete.
+        ``speculative="lookup"`` (and ``draft_max``, 8): draft ids by prompt
+        lookup and check them in one block forward; the output is plain
+        decoding's, id for id (docs/generation.md#speculative-decoding).
         ``keep_cache`` continues from the KV cache's current position
         instead of starting over. Otherwise the positions the prompt shares
         with what the cache holds (an earlier prompt and its output) are
@@ -403,6 +408,9 @@ class Model:
         fits the context and every keyword is one ``generate`` takes, in range."""
         kw = keywords
         unknown = sorted(set(kw) - _SEQUENCE_KEYWORDS)
+        if "speculative" in unknown or "draft_max" in unknown:
+            raise ParameterError("speculative: decodes one sequence at a time (generate or complete of one "
+                                 "prompt); a batch reads the weights once for all its sequences instead")
         if unknown:
             raise ParameterError(f"unknown keyword {unknown[0]!r}")
         check_prompt_fits(len(ids), 0, self.engine.cache_len)

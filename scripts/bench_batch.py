@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_host import cpu_name
+
 REPO = Path(__file__).resolve().parent.parent
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 TEXT = Path("/usr/share/common-licenses/GPL-3")
@@ -164,8 +166,7 @@ def main() -> None:
         engines.append(("llama.cpp", [args.peers_python, __file__, "--worker", "llama.cpp"]))
     elif not args.no_peers:
         print(f"(llama.cpp skipped: no {args.peers_python}; make bench-peers creates .venv-peers)")
-    host = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                "?")
+    host = cpu_name()
     print(f"host: {host}; Gemma 3 270M Q4_K_M, prompts {args.prompt}, {args.steps} steps, medians of {args.repeat}")
     files = {}
     tmp = tempfile.mkdtemp(prefix="bench-batch-")

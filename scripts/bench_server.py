@@ -28,6 +28,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench_host import cpu_name
+
 REPO = Path(__file__).resolve().parent.parent
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 TEXT = Path("/usr/share/common-licenses/GPL-3")
@@ -130,8 +132,7 @@ def main() -> None:
             finally:
                 proc.terminate()
                 proc.wait(60)
-    host = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                "?")
+    host = cpu_name()
     print(f"\n{host}; {args.requests} requests per client, {args.prompt}-token prompts, {args.max_tokens} tokens, "
           f"medians of {args.repeat}")
     print("| clients | " + " | ".join(f"{e} tok/s | p50 s | p95 s" for e in engines) + " |")

@@ -22,6 +22,8 @@ import argparse
 import statistics
 import time
 
+from bench_host import cpu_name
+
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["people"], "properties": {
     "people": {"type": "array", "minItems": 16, "maxItems": 16, "items": {
         "type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
@@ -73,8 +75,7 @@ def main() -> None:
             print(f"repeat {r + 1} {name:6} {gen.timing.decode_tok_s:6.1f} tok/s, constraint "
                   f"{spent[0] / max(n, 1) * 1e6:6.1f} us/token, {forced} of {n} ids forced ({gen.stop_reason})",
                   flush=True)
-    with open("/proc/cpuinfo") as f:
-        host = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    host = cpu_name()
     print(f"\n{host}; Gemma 3 270M, one thread, greedy, medians of {args.repeat}")
     print("| run | decode tok/s | constraint us/token | forced ids |")
     print("|---|---|---|---|")

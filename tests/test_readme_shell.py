@@ -138,6 +138,8 @@ def kind(cmd: str) -> str:
         return "bench"
     if "scripts/bench_batch.py" in seg:
         return "bench-batch"
+    if "scripts/bench_speculative.py" in seg:
+        return "bench-speculative"
     if words[0] == "time":
         return "time"
     if words[0] == "curl":
@@ -162,6 +164,8 @@ def shortened(cmd: str) -> str:
         cmd += f" --ctx {EVAL_CTX}"
     elif k == "bench-batch":
         cmd = re.sub(r"(?<=\s)--repeat\s+\d+\b", "", cmd) + " --repeat 1 --batches 1,2 --prompt 8 --steps 2 --no_peers"
+    elif k == "bench-speculative":
+        cmd = re.sub(r"(?<=\s)--repeat\s+\d+\b", "", cmd) + " --repeat 1 --tokens 4 --limit 1"
     elif k == "bench":
         cmd = re.sub(r"(?<=\s)--repeats?\s+\d+\b", "--repeat 1", cmd)
         cmd = re.sub(r"(?<=--models )(\S+)",

@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump", action="store_true", help="print the config and tensor table, then exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (ids, text, stop reason, speeds) instead of streaming")
+    p.add_argument("--draft", choices=("lookup",), default=None,
+                   help="speculative decoding: draft ids by prompt lookup and check them in one block; the "
+                        "output is plain decoding's, id for id (faster when the reply repeats the prompt)")
+    p.add_argument("--draft_max", type=int_flag, default=None, help="ids drafted at most per block (default 7)")
     shape = p.add_argument_group("structured output (at most one; docs/structured_output.md)")
     shape.add_argument("--json_schema", metavar="FILE|JSON",
                        help="the reply is JSON matching this schema (a file, or the schema itself)")
@@ -133,6 +137,7 @@ def check_values(args) -> None:
     """Every flag value in range, or ParameterError (a usage error: exit 2)."""
     from ..generation.penalties import Penalties
     from ..generation.sampling import Sampler
+    from ..generation.speculative import check_speculative
     from ..generation.stops import check_stop_strings
 
     if args.n_dec < 0:
@@ -143,6 +148,7 @@ def check_values(args) -> None:
     Penalties(args.repeat_penalty, args.presence_penalty, args.frequency_penalty, args.repeat_last_n)
     check_stop_strings(args.stop)
     args.constraint = constraint_kwargs(args)
+    check_speculative(args.draft, args.draft_max)
     if args.system is not None and (args.prompt_ids is not None or (args.prompt is not None and not args.chat_format)):
         raise ParameterError("--system needs --chat_format 1 with a text prompt, or the interactive chat")
 
@@ -151,7 +157,8 @@ def sampling_kwargs(args) -> dict:
     """The generate() keywords the flags give."""
     return dict(n_dec=args.n_dec, temperature=args.temp, min_p=args.minp, top_k=args.topk, top_p=args.topp,
                 seed=args.seed, repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
-                frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n, stop=args.stop)
+                frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n, stop=args.stop,
+                speculative=getattr(args, "draft", None), draft_max=getattr(args, "draft_max", None))
 
 
 def tensor_kind(t) -> str:
@@ -191,8 +198,10 @@ def dump_model(model, out) -> None:
 def write_stats(gen, out) -> None:
     t = gen.timing
     cached = f" (+{t.reused_tokens} cached)" if t.reused_tokens else ""
+    drafts = (f" | draft: {t.accepted_tokens} of {t.drafted_tokens} kept, "
+              f"{t.decode_tokens / max(t.forward_passes, 1):.2f} tokens per pass" if gen.speculative else "")
     out.write(f"\nprefill: {t.prefill_tokens} tokens{cached}, {t.prefill_tok_s:.1f} tok/s | "
-              f"decode: {t.decode_tokens} tokens, {t.decode_tok_s:.1f} tok/s | "
+              f"decode: {t.decode_tokens} tokens, {t.decode_tok_s:.1f} tok/s{drafts} | "
               f"stop: {gen.stop_reason}\n")
 
 
@@ -276,7 +285,9 @@ def chat_loop(model, args, read_line=input, out=None) -> int:
 def json_result(ids, gen, args) -> dict:
     return {"prompt_ids": ids, "generated_ids": gen.generated_ids, "text": gen.text,
             "stop_reason": gen.stop_reason, "stop_string": gen.stop_string, "engine": args.engine,
-            "prefill_tok_s": gen.timing.prefill_tok_s, "decode_tok_s": gen.timing.decode_tok_s}
+            "prefill_tok_s": gen.timing.prefill_tok_s, "decode_tok_s": gen.timing.decode_tok_s,
+            "drafted_tokens": gen.timing.drafted_tokens, "accepted_tokens": gen.timing.accepted_tokens,
+            "forward_passes": gen.timing.forward_passes}
 
 
 def run(args) -> int:

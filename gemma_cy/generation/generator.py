@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import ContextLengthError, ParameterError
 from ..model.observe import Observer
 from .constraint import Constraint
+from .speculative import PromptLookup
 from .logprobs import TokenLogprob, check_top_logprobs, token_logprob
 from .penalties import Penalties
 from .sampling import Sampler
@@ -56,6 +57,7 @@ class Forward:
 
     ids: list[int]
     prefill: bool
+    all_logits: bool = False  # send back every position's logits (n, vocab): a speculative block
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,14 @@ class Timing:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     reused_tokens: int = 0  # prompt tokens already in the KV cache from an earlier generation
+    drafted_tokens: int = 0  # speculative decoding: ids a draft proposed
+    accepted_tokens: int = 0  # of which kept (each the id sampled at its position)
+    forward_passes: int = 0  # decode passes through the model (a speculative block is one)
+
+    @property
+    def acceptance(self) -> float:
+        """Drafted ids kept, as a fraction (0 when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @staticmethod
     def _rate(tokens: int, seconds: float) -> float:
@@ -144,7 +154,7 @@ class Generation:
                  stop: str | Iterable[str] | None = None, logits_processor=None,
                  accept_token: Callable[[int], bool] | None = None, penalties: Penalties | None = None,
                  session: Session | None = None, reused: int = 0, logprobs: int | None = None,
-                 constraint: Constraint | None = None):
+                 constraint: Constraint | None = None, speculative: PromptLookup | None = None):
         self.check_n_dec(n_dec)
         self.top_logprobs = check_top_logprobs(logprobs)
         self.logprobs: list[TokenLogprob] = []  # one per generated id, when ``logprobs`` is not None
@@ -159,6 +169,9 @@ class Generation:
         self.processors = check_processors(logits_processor)
         self.accept_token = accept_token
         self.constraint = constraint  # generation.constraint: which ids the grammar allows next
+        if speculative is not None and observer is not None:
+            raise ParameterError("speculative: an observed generation runs one position at a time")
+        self.speculative = speculative  # generation.speculative: drafts checked in blocks
         self.penalties = penalties if penalties is not None else Penalties()
         if not 0 <= reused < max(len(self.prompt_ids), 1) or reused > engine.pos:
             raise ParameterError(f"reused = {reused}: must leave at least one of the prompt's "
@@ -249,6 +262,32 @@ class Generation:
     def _finish(self, reason: str, token: int | None = None) -> None:
         self._reason, self.stop_token = reason, token
 
+    def _draft(self, n_run: int, budget: int) -> list[int]:
+        """The speculative draft to run after ``n_run`` ids, or []: room for
+        it in the budget (the id sampled after it needs none) and the cache."""
+        if self.speculative is None:
+            return []
+        room = min(budget - len(self.generated_ids) - 1, self.engine.cache_len - self.engine.pos - n_run)
+        return self.speculative.propose(self.context_ids + self.prompt_ids + self.generated_ids, room)
+
+    def _drop_draft(self, draft: list[int], kept: int, drafted: int) -> list[int]:
+        """Record the block's outcome and rewind its unmatched positions out
+        of the KV cache (and the session's ids). Returns the ids to run
+        again if the rewind had to empty a sliding-window ring (none when
+        drafts stay within its slack, as they do)."""
+        if drafted:
+            self.speculative.record(drafted, kept)
+            self.timing.drafted_tokens += drafted
+            self.timing.accepted_tokens += kept
+        if not draft:
+            return []
+        ids = self.session.ids
+        target = len(ids) - len(draft)
+        start = self.engine.rewind(target)
+        lost = ids[start:target]
+        del ids[start:]
+        return lost
+
     def _run(self) -> Iterator[Step]:
         """The generation on its own engine: ``machine``'s Forward requests
         answered at once, its Steps passed on."""
@@ -257,7 +296,9 @@ class Generation:
             request = next(machine)
             while True:
                 if isinstance(request, Forward):
-                    if request.prefill:
+                    if request.all_logits:
+                        logits = self.engine.logits_of(self.engine.states(request.ids))
+                    elif request.prefill:
                         logits = self.engine.prefill(request.ids, self.observer)
                     else:
                         logits = self.engine.decode(request.ids[0], self.observer)
@@ -283,6 +324,10 @@ class Generation:
         self.timing.reused_tokens = self.reused
         decode_start = time.perf_counter()
         constraint = self.constraint
+        draft: list[int] = []  # speculative: drafted ids whose positions ran, not yet matched
+        rows = None  # the logits after each of them
+        kept = drafted = 0  # of the current block
+        stopped = False
         while True:
             if constraint is not None and constraint.finished:
                 self._finish("grammar")
@@ -310,6 +355,7 @@ class Generation:
                 run += forced
                 if self.top_logprobs is not None:  # the only id allowed: probability 1
                     self.logprobs += [TokenLogprob(f, 0.0, ((f, 0.0),)[:self.top_logprobs]) for f in forced]
+            stopped = False
             for shown_id in run:
                 self.generated_ids.append(shown_id)
                 shown = stops.push(decoder.push(shown_id))
@@ -318,15 +364,38 @@ class Generation:
                     del self.logprobs[len(self.generated_ids):]  # (forced ids after the stop are not kept)
                     self.stop_string = stops.found
                     self._finish("stop", shown_id)
-                    yield Step(shown_id, shown)
-                    return
+                    stopped = True
                 yield Step(shown_id, shown)
+                if stopped:
+                    break
+            if stopped:
+                break
             if len(self.generated_ids) < budget and not (constraint is not None and constraint.finished):
-                # several ids run as one block: the same bits as one at a time (docs/numerics.md#bit-for-bit)
-                logits = yield Forward(run, prefill=len(run) > 1)
-                ids.extend(run)
+                if draft and draft[:len(run)] == run:  # the draft held: these positions ran already
+                    logits, rows, draft = rows[len(run) - 1], rows[len(run):], draft[len(run):]
+                    kept += len(run)
+                else:
+                    lost = self._drop_draft(draft, kept, drafted)
+                    if lost:  # (a ring reset by the rewind: run what it dropped again)
+                        yield Forward(lost, prefill=True)
+                        ids.extend(lost)
+                    draft, kept, drafted = self._draft(len(run), budget), 0, 0
+                    if draft:
+                        rows = yield Forward(run + draft, prefill=True, all_logits=True)
+                        ids.extend(run + draft)
+                        logits, rows, drafted = rows[len(run) - 1], rows[len(run):], len(draft)
+                    else:
+                        logits = yield Forward(run, prefill=len(run) > 1)
+                        ids.extend(run)
+                    self.timing.forward_passes += 1
                 self.timing.decode_tokens += len(run)
                 self.timing.decode_seconds = time.perf_counter() - decode_start
+        lost = self._drop_draft(draft, kept, drafted)
+        if lost:
+            yield Forward(lost, prefill=True)
+            ids.extend(lost)
+        if stopped:
+            return
         tail = stops.push(decoder.flush())
         if stops.found is not None:
             self.stop_string = stops.found

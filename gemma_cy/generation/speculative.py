@@ -1,0 +1,73 @@
+"""Drafts for speculative decoding (docs/generation.md#speculative-decoding).
+
+A draft proposes the next few ids; the generate loop runs the last chosen
+id and the draft through the model as one block (which gives the bits of
+decoding them one at a time: docs/numerics.md#bit-for-bit) and then
+samples each position as plain decoding would, from those logits, in
+order, with the same random draws. Position i's draft id is kept only if
+it is exactly the id sampled there; the first one that differs ends the
+block, the positions after it are rewound out of the KV cache, and the
+sampled id goes on as usual. So a speculative generation is plain
+decoding's, id for id and logit for logit, greedy or sampled; a good
+draft only saves forward passes.
+
+``PromptLookup`` drafts by looking the context's last few ids up earlier
+in the context (the prompt and what was generated): where they occurred
+before, what followed them then is the draft. It costs nothing when
+nothing matches (no draft, a plain decode step), and pays off when the
+reply repeats its input: quoting, editing, extracting, code.
+"""
+from __future__ import annotations
+
+from ..errors import ParameterError
+
+DRAFT_MAX = 7  # ids drafted at most per block: with the id before them, the 8 positions a decode step reads a matrix once for
+NGRAM_MAX, NGRAM_MIN = 4, 2  # the looked-up suffix: its longest and shortest length
+
+
+class PromptLookup:
+    """Draft ids by prompt lookup; ``draft_max`` ids at most per block, fewer
+    after a block whose draft was cut early (doubling again after one kept
+    whole)."""
+
+    def __init__(self, draft_max: int = DRAFT_MAX) -> None:
+        if isinstance(draft_max, bool) or not isinstance(draft_max, int) or not 1 <= draft_max <= 32:
+            raise ParameterError(f"draft_max = {draft_max!r}, must be an integer in [1, 32]")
+        self.draft_max = draft_max
+        self.size = draft_max  # ids to draft next
+        self.drafted = 0  # ids drafted so far
+        self.accepted = 0  # of which kept
+
+    def propose(self, context: list[int], limit: int) -> list[int]:
+        """Up to ``min(self.size, limit)`` ids to follow ``context``, or []."""
+        k = min(self.size, limit)
+        if k <= 0:
+            return []
+        n_ctx = len(context)
+        for n in range(min(NGRAM_MAX, n_ctx - 1), NGRAM_MIN - 1, -1):
+            suffix = context[n_ctx - n:]
+            first = suffix[0]
+            for start in range(n_ctx - n - 1, -1, -1):  # the latest earlier occurrence
+                if context[start] == first and context[start:start + n] == suffix:
+                    draft = context[start + n:start + n + k]
+                    if draft:
+                        return draft
+        return []
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A block's outcome: shrink the next draft to what was kept plus one,
+        or double it (up to draft_max) when all was kept."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.size = min(self.draft_max, self.size * 2) if accepted == drafted else max(1, accepted + 1)
+
+
+def check_speculative(speculative, draft_max) -> PromptLookup | None:
+    """The draft the keywords ask for: None, or "lookup"."""
+    if speculative is None:
+        if draft_max is not None:
+            raise ParameterError("draft_max: needs speculative='lookup'")
+        return None
+    if speculative != "lookup":
+        raise ParameterError(f"speculative = {speculative!r}: the draft is 'lookup' (prompt lookup)")
+    return PromptLookup(DRAFT_MAX if draft_max is None else draft_max)
