@@ -107,7 +107,14 @@ COPY = ("Copy the following text exactly, word for word:\n\n"
         "intended to guarantee your freedom to share and change all versions of a program.")
 
 
-def test_gemma_copying_is_plain_decoding_in_fewer_passes(gemma):
+@pytest.fixture(scope="module")
+def gemma_q8(default_model):
+    return gemma_cy.load(default_model, max_cache_len=2048, activations="q8")
+
+
+@pytest.mark.parametrize("mode", ["gemma", "gemma_q8"])
+def test_gemma_copying_is_plain_decoding_in_fewer_passes(mode, request):
+    gemma = request.getfixturevalue(mode)  # both activation modes
     messages = [{"role": "user", "content": COPY}]
     for kw in (dict(temperature=0), dict(temperature=0.7, seed=11)):
         plain_seen, spec_seen = [], []
