@@ -53,6 +53,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--limit", type=int, default=None, help="the first LIMIT prompts of each kind only")
+    p.add_argument("--activations", choices=("f32", "q8"), default="f32")
+    p.add_argument("--draft_max", type=int, default=None, help="ids drafted at most per block (default 7)")
     args = p.parse_args()
     prompts, per_kind = [], {}
     for kind, make in PROMPTS:
@@ -62,7 +64,7 @@ def main() -> None:
 
     import gemma_cy
 
-    model = gemma_cy.load(max_cache_len=4096)
+    model = gemma_cy.load(max_cache_len=4096, activations=args.activations)
     runs = {i: {"plain": [], "lookup": [], "same": True, "n": 0, "kept": [], "passes": []}
             for i in range(len(prompts))}
     for r in range(args.repeat):
@@ -71,7 +73,7 @@ def main() -> None:
             runs[i]["n"] = len(model.chat_ids(messages))
             texts = {}
             for mode in ("plain", "lookup"):
-                kw = dict(speculative="lookup") if mode == "lookup" else {}
+                kw = dict(speculative="lookup", draft_max=args.draft_max) if mode == "lookup" else {}
                 out = model.chat_complete(messages, max_tokens=args.tokens, temperature=0, **kw)
                 runs[i][mode].append(out.timing.decode_tok_s)
                 texts[mode] = out.ids
@@ -83,7 +85,8 @@ def main() -> None:
                   f"lookup {runs[i]['lookup'][-1]:.1f} tok/s, same ids: {texts['plain'] == texts['lookup']}",
                   flush=True)
     host = cpu_name()
-    print(f"\n{host}; Gemma 3 270M, one thread, greedy, {args.tokens} tokens, medians of {args.repeat}")
+    print(f"\n{host}; Gemma 3 270M, {args.activations}, one thread, greedy, {args.tokens} tokens, "
+          f"draft_max {args.draft_max or 7}, medians of {args.repeat}")
     print("| prompt | kind | prompt tokens | plain tok/s | lookup tok/s | lookup / plain | drafts kept | "
           "tokens per pass | same ids |")
     print("|---|---|---|---|---|---|---|---|---|")
