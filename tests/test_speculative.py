@@ -161,11 +161,31 @@ def test_bad_speculative_keywords_are_one_line(tiny_model, kw, needle):
     assert needle in str(e.value)
 
 
+def scan(context: list[int], k: int) -> list[int]:
+    """Prompt lookup written plainly: the longest suffix of 4, 3 or 2 ids,
+    its latest earlier start with an id after it, and the k ids after it."""
+    for n in (4, 3, 2):
+        if len(context) <= n:
+            continue
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == context[-n:]:
+                return context[start + n:start + n + k]
+    return []
+
+
 def test_lookup_drafts_what_followed_the_latest_match():
     lookup = PromptLookup(4)
-    assert lookup.propose([1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 1, 2, 3], 10) == [7, 8, 1, 2]  # the latest, longest
-    assert lookup.propose([5, 6, 7, 8], 10) == []  # nothing repeats
-    assert lookup.propose([1, 2, 3, 1, 2], 1) == [3]  # at most the limit
+    context = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 1, 2, 3]
+    assert lookup.propose(context, 10) == [7, 8, 1, 2]  # the latest, longest
+    assert lookup.propose(context + [5, 6], 10) == []  # nothing repeats (6 follows 5 nowhere)
+    assert lookup.propose(context + [5, 6, 9, 1], 10) == [2, 3, 7, 8]  # (9, 1) at 4; 4 ids: the size
+    assert PromptLookup(4).propose([1, 2, 3, 1, 2], 1) == [3]  # at most the limit
+    for n in range(1, 40):  # grown one id at a time: what a fresh scan of the whole context finds
+        grown = PromptLookup(8)
+        ids = [int(i) for i in np.random.default_rng(n).integers(0, 4, n + 5)]
+        for end in range(3, len(ids) + 1):
+            got, want = grown.propose(ids[:end], 8), PromptLookup(8).propose(ids[:end], 8)
+            assert got == want == scan(ids[:end], 8), (ids[:end], got, want)
     lookup.record(4, 1)
     assert lookup.size == 2
     lookup.record(2, 2)

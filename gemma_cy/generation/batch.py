@@ -220,8 +220,7 @@ class Scheduler:
         prefill, is ``seq``'s own, or None."""
         for slot, other in running.items():
             if other is not seq and other.leader is None and other.request is not None \
-                    and other.request.prefill and not other.generation.generated_ids \
-                    and other.generation.prompt_ids == seq.generation.prompt_ids:  # (not a block of forced ids)
+                    and other.request.prompt and other.generation.prompt_ids == seq.generation.prompt_ids:
                 return slot
         return None
 

@@ -223,6 +223,7 @@ class Constraint:
         self.matcher = matcher
         self.vocab_size = vocab_size
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)  # the packed mask, bit i of word i // 32
+        self._masked = np.empty(vocab_size, dtype=np.float32)  # mask's result, reused every token
         self.forced = 0  # ids the grammar allowed alone, appended without sampling (forced_ids)
 
     @property
@@ -242,14 +243,14 @@ class Constraint:
         return bits.view(bool)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
-        """A copy of ``logits`` with every id the grammar forbids at -inf."""
+        """``logits`` with every id the grammar forbids at -inf, in a buffer
+        of this constraint's that the next call overwrites."""
         x = np.ascontiguousarray(logits, dtype=np.float32)
         if x.shape != (self.vocab_size,):
             raise ParameterError(f"constraint: logits of shape {x.shape}, the vocabulary has {self.vocab_size} ids")
         self._fill_bits()
-        out = np.empty_like(x)
-        apply_token_mask(out, x, self._bits.view(np.uint32))
-        return out
+        apply_token_mask(self._masked, x, self._bits.view(np.uint32))
+        return self._masked
 
     def forced_ids(self, limit: int, stop_ids) -> list[int]:
         """The ids the grammar now allows alone, one after the other (at most

@@ -58,6 +58,7 @@ class Forward:
     ids: list[int]
     prefill: bool
     all_logits: bool = False  # send back every position's logits (n, vocab): a speculative block
+    prompt: bool = False  # the generation's prompt (what sequences with the same prompt can share)
 
 
 @dataclass(frozen=True)
@@ -317,7 +318,7 @@ class Generation:
         stops = StopStrings(self.stop)
         ids = self.session.ids
         start = time.perf_counter()
-        logits = yield Forward(self.prompt_ids[self.reused:], prefill=True)
+        logits = yield Forward(self.prompt_ids[self.reused:], prefill=True, prompt=True)
         ids.extend(self.prompt_ids[self.reused:])
         self.timing.prefill_seconds = time.perf_counter() - start
         self.timing.prefill_tokens = len(self.prompt_ids) - self.reused

@@ -37,21 +37,27 @@ class PromptLookup:
         self.size = draft_max  # ids to draft next
         self.drafted = 0  # ids drafted so far
         self.accepted = 0  # of which kept
+        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> where it last started, among those indexed
+        self._indexed = 0  # n-grams ending before this position are in _latest
 
     def propose(self, context: list[int], limit: int) -> list[int]:
-        """Up to ``min(self.size, limit)`` ids to follow ``context``, or []."""
+        """Up to ``min(self.size, limit)`` ids to follow ``context``, or []:
+        what followed the latest earlier occurrence of its last 4, 3 or 2
+        ids. ``context`` only grows from one call to the next (one
+        generation's prompt and kept ids), so each n-gram is indexed once."""
         k = min(self.size, limit)
+        n_ctx = len(context)
+        for end in range(self._indexed, n_ctx - 1):  # n-grams with an id after them
+            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+                if end + 1 >= n:
+                    self._latest[tuple(context[end + 1 - n:end + 1])] = end + 1 - n
+        self._indexed = max(self._indexed, n_ctx - 1)
         if k <= 0:
             return []
-        n_ctx = len(context)
         for n in range(min(NGRAM_MAX, n_ctx - 1), NGRAM_MIN - 1, -1):
-            suffix = context[n_ctx - n:]
-            first = suffix[0]
-            for start in range(n_ctx - n - 1, -1, -1):  # the latest earlier occurrence
-                if context[start] == first and context[start:start + n] == suffix:
-                    draft = context[start + n:start + n + k]
-                    if draft:
-                        return draft
+            start = self._latest.get(tuple(context[n_ctx - n:]))
+            if start is not None:
+                return context[start + n:start + n + k]
         return []
 
     def record(self, drafted: int, accepted: int) -> None:
