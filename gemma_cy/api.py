@@ -30,10 +30,11 @@ from .generation.batch import BatchGeneration, SlotEngine
 from .generation.generator import Completion, Generation, Observer, check_prompt_fits
 from .generation.constraint import CONSTRAINT_KEYWORDS, Constraint, ConstraintCompiler, constraint_spec
 from .generation.logprobs import check_top_logprobs
-from .generation.speculative import check_speculative
+from .generation.speculative import DRAFT_MAX, DraftModel, check_draft_max, check_speculative
 from .generation.stops import check_stop_strings
 from .generation.sampling import Sampler
 from .tokenizers.greedy import GreedyTokenizer
+from .tokenizers.token_bytes import token_bytes
 from .model.weights import Weights
 
 
@@ -268,7 +269,7 @@ class Model:
                     frequency_penalty=0.0, repeat_last_n=DEFAULT_REPEAT_LAST_N, seed=0, rng=None, stop=None,
                     logits_processor=None, accept_token=None, observer=None,
                     terminate_on_eos=True, engine=None, session=None, reused=0, logprobs=None,
-                    speculative=None, draft_max=None, **constraint) -> Generation:
+                    speculative=None, draft_max=None, draft=None, **constraint) -> Generation:
         """A Generation of ``ids`` from the engine's current position (the
         model's engine and session, or a batch slot's), its first ``reused``
         ids already in the cache; ``constraint``: one of CONSTRAINT_KEYWORDS."""
@@ -281,7 +282,32 @@ class Model:
                           stop=stop, logits_processor=logits_processor, accept_token=accept_token,
                           penalties=penalties, session=self.session if session is None else session,
                           reused=reused, logprobs=logprobs, constraint=compiled,
-                          speculative=check_speculative(speculative, draft_max))
+                          speculative=self.draft_for(speculative, draft_max, draft))
+
+    def draft_for(self, speculative=None, draft_max=None, draft: "Model | None" = None):
+        """The draft the keywords ask for: None, prompt lookup
+        (``speculative="lookup"``) or ``draft``, another Model of the same
+        vocabulary, decoding greedily on its own KV cache."""
+        if draft is None:
+            return check_speculative(speculative, draft_max)
+        if draft_max is not None:
+            check_draft_max(draft_max)
+        if speculative is not None:
+            raise ParameterError("speculative and draft: give one (speculative='lookup' or draft=Model)")
+        if not isinstance(draft, Model):
+            raise ParameterError(f"draft: expected a Model (gemma_cy.load(...)), got {type(draft).__name__}")
+        if draft is self:
+            raise ParameterError("draft: the model itself; a draft model needs its own KV cache (load it again)")
+        if draft.config.vocab_size != self.config.vocab_size or draft.vocabulary != self.vocabulary:
+            raise ParameterError(f"draft: its vocabulary ({draft.config.vocab_size} ids) is not this model's "
+                                 f"({self.config.vocab_size} ids); a draft model must share the tokenizer")
+        return DraftModel(draft.engine, draft.session, DRAFT_MAX if draft_max is None else draft_max)
+
+    @functools.cached_property
+    def vocabulary(self) -> tuple[bytes, ...]:
+        """Every id's bytes, control ids marked (what two models must share
+        for one to draft for the other)."""
+        return tuple(token_bytes(self.tokenizer))
 
     def compile_constraint(self, keywords: dict) -> Constraint | None:
         """The Constraint the keywords ask for (docs/structured_output.md), or None."""
@@ -324,9 +350,11 @@ class Model:
         or GBNF text), ``choices`` (a list of strings): only ids that keep
         the text a prefix of a match are sampled, and the generation ends
         with stop reason "grammar" when the match is complete.
-        ``speculative="lookup"`` (and ``draft_max``, 8): draft ids by prompt
+        ``speculative="lookup"`` (and ``draft_max``, 7): draft ids by prompt
         lookup and check them in one block forward; the output is plain
-        decoding's, id for id (docs/generation.md#speculative-decoding).
+        decoding's, id for id (docs/generation.md#speculative-decoding);
+        ``draft=Model``: draft with that smaller model of the same
+        vocabulary instead.
         ``keep_cache`` continues from the KV cache's current position
         instead of starting over. Otherwise the positions the prompt shares
         with what the cache holds (an earlier prompt and its output) are
@@ -408,7 +436,7 @@ class Model:
         fits the context and every keyword is one ``generate`` takes, in range."""
         kw = keywords
         unknown = sorted(set(kw) - _SEQUENCE_KEYWORDS)
-        if "speculative" in unknown or "draft_max" in unknown:
+        if {"speculative", "draft_max", "draft"} & set(unknown):
             raise ParameterError("speculative: decodes one sequence at a time (generate or complete of one "
                                  "prompt); a batch reads the weights once for all its sequences instead")
         if unknown:

@@ -89,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump", action="store_true", help="print the config and tensor table, then exit")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (ids, text, stop reason, speeds) instead of streaming")
-    p.add_argument("--draft", choices=("lookup",), default=None,
-                   help="speculative decoding: draft ids by prompt lookup and check them in one block; the "
-                        "output is plain decoding's, id for id (faster when the reply repeats the prompt)")
+    p.add_argument("--draft", metavar="lookup|MODEL", default=None,
+                   help="speculative decoding: draft ids by prompt lookup ('lookup'; faster when the reply "
+                        "repeats the prompt) or with a smaller model of the same vocabulary (its file), and check "
+                        "them in one block; the output is plain decoding's, id for id")
     p.add_argument("--draft_max", type=int_flag, default=None, help="ids drafted at most per block (default 7)")
     shape = p.add_argument_group("structured output (at most one; docs/structured_output.md)")
     shape.add_argument("--json_schema", metavar="FILE|JSON",
@@ -148,7 +149,7 @@ def check_values(args) -> None:
     Penalties(args.repeat_penalty, args.presence_penalty, args.frequency_penalty, args.repeat_last_n)
     check_stop_strings(args.stop)
     args.constraint = constraint_kwargs(args)
-    check_speculative(args.draft, args.draft_max)
+    check_speculative(None if args.draft is None else "lookup", args.draft_max)
     if args.system is not None and (args.prompt_ids is not None or (args.prompt is not None and not args.chat_format)):
         raise ParameterError("--system needs --chat_format 1 with a text prompt, or the interactive chat")
 
@@ -158,7 +159,8 @@ def sampling_kwargs(args) -> dict:
     return dict(n_dec=args.n_dec, temperature=args.temp, min_p=args.minp, top_k=args.topk, top_p=args.topp,
                 seed=args.seed, repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
                 frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n, stop=args.stop,
-                speculative=getattr(args, "draft", None), draft_max=getattr(args, "draft_max", None))
+                speculative="lookup" if getattr(args, "draft", None) == "lookup" else None,
+                draft=getattr(args, "draft_model", None), draft_max=getattr(args, "draft_max", None))
 
 
 def tensor_kind(t) -> str:
@@ -301,6 +303,10 @@ def run(args) -> int:
                      activations=args.activations)
     if args.model_size is not None:
         check_preset(model.config, args.model_size, source=args.weights)
+    if args.draft not in (None, "lookup"):  # a draft model: the same engine and context as the model
+        args.draft_model = api.load(args.draft, engine=args.engine, max_cache_len=args.max_cache_len,
+                                    activations=args.activations)
+        model.draft_for(draft=args.draft_model)  # ParameterError now if its vocabulary is not the model's
     if args.dump:
         dump_model(model, sys.stdout)
         return 0

@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import ContextLengthError, ParameterError
 from ..model.observe import Observer
 from .constraint import Constraint
-from .speculative import PromptLookup
+from .speculative import Draft
 from .logprobs import TokenLogprob, check_top_logprobs, token_logprob
 from .penalties import Penalties
 from .sampling import Sampler
@@ -155,7 +155,7 @@ class Generation:
                  stop: str | Iterable[str] | None = None, logits_processor=None,
                  accept_token: Callable[[int], bool] | None = None, penalties: Penalties | None = None,
                  session: Session | None = None, reused: int = 0, logprobs: int | None = None,
-                 constraint: Constraint | None = None, speculative: PromptLookup | None = None):
+                 constraint: Constraint | None = None, speculative: Draft | None = None):
         self.check_n_dec(n_dec)
         self.top_logprobs = check_top_logprobs(logprobs)
         self.logprobs: list[TokenLogprob] = []  # one per generated id, when ``logprobs`` is not None

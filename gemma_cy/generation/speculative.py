@@ -16,8 +16,17 @@ in the context (the prompt and what was generated): where they occurred
 before, what followed them then is the draft. It costs nothing when
 nothing matches (no draft, a plain decode step), and pays off when the
 reply repeats its input: quoting, editing, extracting, code.
+
+``DraftModel`` drafts with a second, cheaper model of the same vocabulary
+(a smaller model of the family, or a smaller quantization of the same
+file): it decodes greedily on its own KV cache, which follows the context
+by rewinding to what it shares with it. Its draft is a deterministic
+function of the context, so the check above keeps the output exactly the
+target's, sampled or greedy, and a seeded run gives plain decoding's ids.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ..errors import ParameterError
 
@@ -25,18 +34,41 @@ DRAFT_MAX = 7  # ids drafted at most per block: with the id before them, the 8 p
 NGRAM_MAX, NGRAM_MIN = 4, 2  # the looked-up suffix: its longest and shortest length
 
 
-class PromptLookup:
-    """Draft ids by prompt lookup; ``draft_max`` ids at most per block, fewer
-    after a block whose draft was cut early (doubling again after one kept
-    whole)."""
+def check_draft_max(draft_max) -> int:
+    if isinstance(draft_max, bool) or not isinstance(draft_max, int) or not 1 <= draft_max <= 32:
+        raise ParameterError(f"draft_max = {draft_max!r}, must be an integer in [1, 32]")
+    return draft_max
+
+
+class Draft:
+    """What a draft shares: ``draft_max`` ids at most per block, fewer after
+    a block whose draft was cut early (doubling again after one kept whole),
+    and the count of ids drafted and kept. ``propose(context, limit)``
+    returns the ids to check after ``context`` (at most ``limit``)."""
 
     def __init__(self, draft_max: int = DRAFT_MAX) -> None:
-        if isinstance(draft_max, bool) or not isinstance(draft_max, int) or not 1 <= draft_max <= 32:
-            raise ParameterError(f"draft_max = {draft_max!r}, must be an integer in [1, 32]")
-        self.draft_max = draft_max
+        self.draft_max = check_draft_max(draft_max)
         self.size = draft_max  # ids to draft next
         self.drafted = 0  # ids drafted so far
         self.accepted = 0  # of which kept
+
+    def propose(self, context: list[int], limit: int) -> list[int]:
+        raise NotImplementedError
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A block's outcome: shrink the next draft to what was kept plus one,
+        or double it (up to draft_max) when all was kept."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.size = min(self.draft_max, self.size * 2) if accepted == drafted else max(1, accepted + 1)
+
+
+class PromptLookup(Draft):
+    """Draft ids by prompt lookup: what followed the latest earlier
+    occurrence of the context's last few ids."""
+
+    def __init__(self, draft_max: int = DRAFT_MAX) -> None:
+        super().__init__(draft_max)
         self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> where it last started, among those indexed
         self._indexed = 0  # n-grams ending before this position are in _latest
 
@@ -60,20 +92,48 @@ class PromptLookup:
                 return context[start + n:start + n + k]
         return []
 
-    def record(self, drafted: int, accepted: int) -> None:
-        """A block's outcome: shrink the next draft to what was kept plus one,
-        or double it (up to draft_max) when all was kept."""
-        self.drafted += drafted
-        self.accepted += accepted
-        self.size = min(self.draft_max, self.size * 2) if accepted == drafted else max(1, accepted + 1)
+
+class DraftModel(Draft):
+    """Draft ids with another model: its greedy continuation of the context.
+    ``engine`` and ``session`` are the draft model's (its own KV cache,
+    taken over at every draft, as any generation on it would)."""
+
+    def __init__(self, engine, session, draft_max: int = DRAFT_MAX) -> None:
+        super().__init__(draft_max)
+        self.engine, self.session = engine, session
+
+    def propose(self, context: list[int], limit: int) -> list[int]:
+        """Up to ``min(self.size, limit)`` ids: the draft model's argmax after
+        ``context``, then after each of those. The cache keeps what it
+        shares with ``context`` (rewound past the last block's cut) and
+        runs the rest; none when ``context`` holds ids it was not told."""
+        engine, session = self.engine, self.session
+        k = min(self.size, limit, engine.cache_len - len(context))
+        if k <= 0:
+            return []
+        session.claim(self)
+        kept = session.reuse_prefix(context)
+        new = context[kept:]
+        if min(new) < 0:  # (a bare engine's positions before the prompt: ids unknown)
+            return []
+        logits = engine.prefill(new) if len(new) > 1 else engine.decode(new[0])
+        session.ids.extend(new)
+        out = [int(np.argmax(logits))]
+        while len(out) < k:
+            logits = engine.decode(out[-1])
+            session.ids.append(out[-1])
+            out.append(int(np.argmax(logits)))
+        return out
 
 
 def check_speculative(speculative, draft_max) -> PromptLookup | None:
-    """The draft the keywords ask for: None, or "lookup"."""
+    """The prompt-lookup draft the keywords ask for, or None (a draft
+    model is ``Model.draft_for``'s)."""
     if speculative is None:
         if draft_max is not None:
-            raise ParameterError("draft_max: needs speculative='lookup'")
+            raise ParameterError("draft_max: needs speculative='lookup' or a draft model")
         return None
     if speculative != "lookup":
-        raise ParameterError(f"speculative = {speculative!r}: the draft is 'lookup' (prompt lookup)")
+        raise ParameterError(f"speculative = {speculative!r}: the draft is 'lookup' (prompt lookup); "
+                             f"for a draft model pass draft=Model")
     return PromptLookup(DRAFT_MAX if draft_max is None else draft_max)
