@@ -152,7 +152,7 @@ def load(weights: str | os.PathLike | None = None, tokenizer: str | None = None,
 _SEQUENCE_KEYWORDS = frozenset({"max_tokens", "n_dec", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
                                 "presence_penalty", "frequency_penalty", "repeat_last_n", "seed", "rng", "stop",
                                 "logits_processor", "accept_token", "terminate_on_eos", "logprobs",
-                                *CONSTRAINT_KEYWORDS})
+                                "speculative", "draft_max", *CONSTRAINT_KEYWORDS})
 
 
 def _several_prompts(prompt) -> bool:
@@ -436,9 +436,9 @@ class Model:
         fits the context and every keyword is one ``generate`` takes, in range."""
         kw = keywords
         unknown = sorted(set(kw) - _SEQUENCE_KEYWORDS)
-        if {"speculative", "draft_max", "draft"} & set(unknown):
-            raise ParameterError("speculative: decodes one sequence at a time (generate or complete of one "
-                                 "prompt); a batch reads the weights once for all its sequences instead")
+        if "draft" in unknown:
+            raise ParameterError("draft: a draft model drafts for one sequence at a time (generate or complete "
+                                 "of one prompt); a batch's sequences can draft by speculative='lookup'")
         if unknown:
             raise ParameterError(f"unknown keyword {unknown[0]!r}")
         check_prompt_fits(len(ids), 0, self.engine.cache_len)
@@ -447,6 +447,7 @@ class Model:
                                               ("frequency_penalty", 0.0), ("repeat_last_n", DEFAULT_REPEAT_LAST_N))))
         check_stop_strings(kw.get("stop"))
         check_top_logprobs(kw.get("logprobs"))
+        check_speculative(kw.get("speculative"), kw.get("draft_max"))
         self.compile_constraint({k: kw[k] for k in CONSTRAINT_KEYWORDS if k in kw})
         Generation.check_n_dec(_max_tokens(kw.get("max_tokens"), kw.get("n_dec")))
 

@@ -15,7 +15,7 @@ import copy
 
 import numpy as np
 
-from gemma_cy.model.checks import CheckedBatchEngine, SlotPositions
+from gemma_cy.model.checks import WANT_ALL, CheckedBatchEngine, SlotPositions
 from gemma_cy.model.weights import Weights
 
 from .layers import KVCache
@@ -62,7 +62,7 @@ class ReferenceBatchEngine(CheckedBatchEngine):
         for slot, ids, want in segments:
             engine = self.engines[slot]
             try:
-                logits = engine.prefill(ids)
+                logits = engine.logits_of(engine.states(ids)) if want == WANT_ALL else engine.prefill(ids)
             except ArithmeticError as e:  # NumericalError
                 raise type(e)(f"slot {slot}: {e}") from None
             if want:

@@ -14,7 +14,7 @@ from helpers import assert_one_line_error, cli
 
 def requests() -> list:
     """64 mixed requests: text and chat, greedy and seeded sampling, stops,
-    penalties, ids; line 17 is not JSON, 40 has an unknown key, 50 a bad id."""
+    penalties, speculative decoding, ids; line 17 is not JSON, 40 has an unknown key, 50 a bad id."""
     out = []
     for i in range(64):
         r = {"max_tokens": 3 + i % 5}
@@ -32,6 +32,8 @@ def requests() -> list:
             r["stop"] = ["e"]
         if i % 11 == 0:
             r["repeat_penalty"] = 1.3
+        if i % 6 == 1:
+            r.update(speculative="lookup", draft_max=1 + i % 4)
         if i % 4 == 0:
             r["id"] = f"req-{i}"
         out.append(json.dumps(r))

@@ -118,7 +118,7 @@ def test_bad_drafts_are_one_line(tiny_model, gemma):
         with pytest.raises(ParameterError) as e:
             tiny_model.complete("hi", max_tokens=2, **kw)
         assert needle in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(ParameterError, match="speculative: decodes one sequence"):
+    with pytest.raises(ParameterError, match="draft: a draft model drafts for one sequence"):
         tiny_model.complete(["a", "b"], max_tokens=2, draft=gemma)
 
 

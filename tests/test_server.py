@@ -190,3 +190,36 @@ def test_the_chat_page_is_one_self_contained_file(server):
     page = r.text
     assert "/v1/chat/completions" in page and 'id="system"' in page and "tok/s" in page
     assert "http://" not in page and "https://" not in page  # nothing fetched from elsewhere: works offline
+
+
+COPY_MESSAGES = [{"role": "user", "content": "Copy this exactly: the quick brown fox jumps over the lazy dog, "
+                                             "the quick brown fox jumps over the lazy dog, the quick brown fox."}]
+
+
+def test_speculative_lookup_is_the_plain_reply(client, model):
+    """gemma-cy's extension field: each of n samples drafts on its own in
+    the batch, and the replies are plain decoding's."""
+    for kw in (dict(temperature=0), dict(temperature=0.8, seed=9, n=2)):
+        got = client.chat.completions.create(model="", messages=COPY_MESSAGES, max_tokens=30,
+                                             extra_body={"speculative": "lookup", "draft_max": 6}, **kw)
+        want = model.chat_complete(COPY_MESSAGES, max_tokens=30, **kw, **SERVER_DEFAULTS)
+        want = want if isinstance(want, list) else [want]
+        assert [c.message.content for c in sorted(got.choices, key=lambda c: c.index)] == [w.text for w in want]
+    for body, param in (({"speculative": "draft"}, "speculative"), ({"draft_max": 4}, "draft_max"),
+                        ({"speculative": "lookup", "draft_max": 40}, "draft_max")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="", messages=COPY_MESSAGES, max_tokens=2, extra_body=body)
+        assert e.value.body["type"] == "invalid_request_error" and e.value.body["param"] == param, e.value.body
+
+
+def test_the_servers_draft_is_each_requests_unless_it_says(model):
+    """`serve --draft lookup` drafts for every request that does not set `speculative`."""
+    from gemma_cy.server.protocol import ChatCompletionRequest
+    from gemma_cy.server.requests import sequence_keywords
+
+    ids = model.chat_ids(COPY_MESSAGES)
+    for body, draft, want in (({}, None, None), ({}, "lookup", "lookup"), ({"speculative": "none"}, "lookup", None),
+                              ({"speculative": "lookup"}, None, "lookup")):
+        req = ChatCompletionRequest(messages=COPY_MESSAGES, **body)
+        kw = sequence_keywords(model, req, ids, 4, None, 0, draft)
+        assert kw.get("speculative") == want, (body, draft)

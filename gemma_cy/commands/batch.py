@@ -27,7 +27,8 @@ from .flags import EXIT_ERROR, EXIT_INTERRUPTED, OneLineParser, UsageError, add_
 # Request keys besides the sampling keywords (gemma_cy.api._SEQUENCE_KEYWORDS).
 PROMPT_KEYS = ("prompt", "prompt_ids", "messages")
 JSON_KEYWORDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                 "frequency_penalty", "repeat_last_n", "seed", "stop", "terminate_on_eos", *CONSTRAINT_KEYWORDS)
+                 "frequency_penalty", "repeat_last_n", "seed", "stop", "terminate_on_eos", "speculative", "draft_max",
+                 *CONSTRAINT_KEYWORDS)
 MAX_LINE_BYTES = 16 << 20
 
 

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGINT/SIGTERM: let running requests finish (default) or cancel them")
     p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help="compute engine")
     p.add_argument("--activations", choices=ACTIVATION_MODES, default="f32", help="activation mode")
+    p.add_argument("--draft", choices=("lookup",), default=None,
+                   help="speculative decoding by prompt lookup for every request that does not say otherwise "
+                        "(\"speculative\": \"none\"); the replies are those of plain decoding, id for id")
     return p
 
 
@@ -99,7 +102,7 @@ def run(args) -> int:
                      activations=args.activations, max_sequences=args.max_sequences)
     name = args.model_name or os.path.basename(args.weights)
     engine = EngineLoop(model, args.max_queue)
-    app = create_app(model, engine, name, args.api_key, args.max_body)
+    app = create_app(model, engine, name, args.api_key, args.max_body, args.draft)
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import ops
 from ..errors import TokenIndexError
-from ..model.checks import CheckedBatchEngine, SlotPositions, cache_length, non_finite_error
+from ..model.checks import WANT_ALL, CheckedBatchEngine, SlotPositions, cache_length, non_finite_error
 from ..model.weights import Weights
 
 
@@ -64,27 +64,36 @@ class FastBatchEngine(CheckedBatchEngine):
     def _copy(self, src: int, dst: int) -> None:
         self.model.copy_slot(src, dst, self.pos[src])
 
-    def _step(self, segments: list[tuple[int, list[int], bool]]) -> list[np.ndarray]:
+    def _step(self, segments: list[tuple[int, list[int], int]]) -> list[np.ndarray]:
         for slot, _, _ in segments:
             if not self.model.resumable(self.pos[slot], slot):
                 raise TokenIndexError(f"slot {slot}: position {self.pos[slot]} cannot be run again: the "
                                       f"sliding-window layers' rings no longer hold the positions before it")
-        out: list[np.ndarray] = []
+        rows: list[list[np.ndarray]] = [[] for _ in segments]  # each segment's logits, pass by pass
         done = [0] * len(segments)  # ids of each segment run so far
         while any(done[i] < len(ids) for i, (_, ids, _) in enumerate(segments)):
-            call, room = [], self.rows_per_pass
+            call, which, room = [], [], self.rows_per_pass
             for i, (slot, ids, want) in enumerate(segments):
                 take = min(len(ids) - done[i], room)
                 if take > 0:
                     last = done[i] + take == len(ids)
-                    call.append((slot, ids[done[i]:done[i] + take], want and last))
+                    call.append((slot, ids[done[i]:done[i] + take],
+                                 WANT_ALL if want == WANT_ALL else int(bool(want) and last)))
+                    which.append(i)
                     done[i] += take
                     room -= take
-            out += self._run_pass(call)
-        return out
+            logits, at = self._run_pass(call), 0
+            for i, (_, part, want) in zip(which, call):
+                n = len(part) if want == WANT_ALL else want
+                if n:
+                    rows[i].append(logits[at:at + n])
+                    at += n
+        return [got[0][0] if want == 1 else np.concatenate(got)
+                for (_, _, want), got in zip(segments, rows) if want]
 
-    def _run_pass(self, call: list[tuple[int, list[int], bool]]) -> list[np.ndarray]:
-        """One block: the segments' rows in one forward pass; their logits."""
+    def _run_pass(self, call: list[tuple[int, list[int], int]]) -> np.ndarray:
+        """One block: the segments' rows in one forward pass; the logits
+        (n, vocab) of the rows their ``want`` asks for, in order."""
         ids = np.array([t for _, seg, _ in call for t in seg], dtype=np.int32)
         slots = np.array([slot for slot, _, _ in call], dtype=np.int32)
         starts = np.array([self.pos[slot] for slot, _, _ in call], dtype=np.int32)
@@ -104,4 +113,4 @@ class FastBatchEngine(CheckedBatchEngine):
                                              self.config.n_layers)
                     raise type(error)(f"slot {slot}: {error}")
                 row += len(seg)
-        return [self.model.batch_logits[i].copy() for i in range(int(wants.sum()))]
+        return self.model.batch_logits[:int(sum(len(seg) if w == WANT_ALL else w for _, seg, w in call))].copy()

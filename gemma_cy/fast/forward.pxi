@@ -96,6 +96,10 @@ cdef enum:
 cdef enum:
     ALL_FINITE = -2
 
+# run_batch's want_logits: 1 the segment's last position's logits, 2 every position's.
+cdef enum:
+    WANT_ALL = 2
+
 
 # One transformer layer's weights (reference.layers.LayerWeights). Sizes:
 # dim hidden, hd head_dim, qd = n_heads*hd, kvd = n_kv_heads*hd, mlp.
@@ -518,8 +522,8 @@ cdef class FastModel:
         self.gemm_scratch = _f32(_zeros(max(1, k_gemm_scratch_floats(widest, BLOCK))), keep)
         self.rope_cos = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
         self.rope_sin = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
-        self.out_rows = min(n_slots, <Py_ssize_t> BLOCK)
-        logits = _zeros((self.out_rows, c.vocab_size))
+        self.out_rows = 1 if n_slots == 1 else BLOCK  # (pages a batch never fills are never touched)
+        logits = _zeros((1, c.vocab_size)) if n_slots == 1 else _filled_as_used((BLOCK, c.vocab_size))
         self.out = _f32(logits.reshape(-1), keep)
         self.batch_logits = _read_only_view(logits)
         self.q_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
@@ -749,8 +753,9 @@ cdef class FastModel:
         ``seg_lens[i]`` ids of ``ids`` (int32, the segments' ids one after
         another, at most BLOCK in all) at positions seg_pos[i] .. of slot
         seg_slots[i] (each slot at most once); the segments with
-        ``want_logits[i]`` get the logits of their last position, in order,
-        in the rows of ``batch_logits``. A segment from position 0 empties
+        ``want_logits[i]`` 1 get the logits of their last position, those
+        with 2 of every position (a speculative block), in order, in the rows
+        of ``batch_logits`` (at most ``out_rows`` in all). A segment from position 0 empties
         its slot's cache first. Every index is checked here (IndexError,
         ValueError): the step never sees a bad one.
 
@@ -772,6 +777,13 @@ cdef class FastModel:
             raise ValueError(f"run_batch: segment lengths {seg_lens.tolist()} must be >= 1 and sum to len(ids) = {T}")
         if T > BLOCK:
             raise ValueError(f"run_batch: {T} rows, at most {BLOCK} per call")
+        n_out = 0
+        for i in range(S):
+            if not 0 <= wv[i] <= WANT_ALL:
+                raise ValueError(f"run_batch: want_logits[{i}] = {wv[i]}: 0 none, 1 the last position, 2 every one")
+            n_out += lv[i] if wv[i] == WANT_ALL else wv[i]
+        if n_out > self.out_rows:
+            raise ValueError(f"run_batch: {n_out} rows of logits, at most {self.out_rows} per call")
         for i in range(S):
             self._check_slot(sv[i])
             self._check_run(pv[i], lv[i], sv[i])
@@ -786,7 +798,11 @@ cdef class FastModel:
             for j in range(lv[i]):
                 self.row_slot[t], self.row_pos[t] = slot, pv[i] + j
                 t += 1
-            if wv[i]:
+            if wv[i] == WANT_ALL:
+                for j in range(lv[i]):
+                    self.out_row[self.n_out] = t - lv[i] + j
+                    self.n_out += 1
+            elif wv[i]:
                 self.out_row[self.n_out] = t - 1
                 self.n_out += 1
         with nogil:

@@ -10,6 +10,8 @@ pass of the forward pass, the next chunk of a waiting prompt, runs them
 all in one ``step`` of the batch engine, and sends each sequence its
 logits. A sequence joins when a slot is free and leaves when it ends; a
 running sequence waits at most one chunk of another's prompt per token.
+A speculative sequence's block (its last id and its draft) runs whole in
+the step, every position's logits sent back, as a decode row is.
 Each one's tokens are those it gets alone (docs/numerics.md#batch-invariance).
 Sequences with the same prompt (``n`` samples of one prompt) that run at
 the same time prefill it once: the others take a copy of its KV cache and
@@ -148,12 +150,15 @@ class Scheduler:
         for seq in running.values():  # GenerationStateError (naming the slot) if another took it over
             seq.generation.session.check(seq.generation)
         segments, room = [], self.rows
-        for slot, seq in running.items():  # every decoding sequence, one row each
-            if not seq.request.prefill:
+        for slot, seq in running.items():  # every decoding sequence: one row, or its speculative block
+            if seq.request.all_logits:
+                segments.append((slot, seq.request.ids, "all"))
+                room -= len(seq.request.ids)
+            elif not seq.request.prefill:
                 segments.append((slot, seq.request.ids, True))
                 room -= 1
         for slot, seq in running.items():  # then prompts, as much as one pass has room for
-            if seq.request.prefill and seq.leader is None and room > 0:
+            if seq.request.prefill and not seq.request.all_logits and seq.leader is None and room > 0:
                 part = seq.request.ids[seq.fed:seq.fed + room]
                 seq.fed += len(part)
                 room -= len(part)

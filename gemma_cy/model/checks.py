@@ -160,6 +160,9 @@ class CheckedEngine:
         raise NotImplementedError
 
 
+WANT_ALL = 2  # a batch segment's want: every position's logits (1: the last's, 0: none)
+
+
 class CheckedBatchEngine:
     """The interface of the batch engines (gemma_cy.fast.batch.FastBatchEngine,
     gemma_cy_reference.batch.ReferenceBatchEngine): ``n_slots`` sequences,
@@ -207,13 +210,14 @@ class CheckedBatchEngine:
     def _copy(self, src: int, dst: int) -> None:
         raise NotImplementedError
 
-    def step(self, segments: Sequence[tuple[int, Sequence[int], bool]]) -> list[np.ndarray]:
+    def step(self, segments: Sequence[tuple[int, Sequence[int], bool | str]]) -> list[np.ndarray]:
         """Run each ``(slot, ids, want_logits)`` at the slot's next positions
         (each slot at most once), the whole step in as few passes over the
-        weights as fit; return the logits (vocab,) f32 of the last position
-        of each segment that wants them, in order, as new arrays the caller
-        owns. A sequence's results do not depend on what else runs in the
-        step (docs/numerics.md#batch-invariance)."""
+        weights as fit; return, in order, for each segment that wants them
+        the logits (vocab,) f32 of its last position (``want_logits`` True)
+        or (n, vocab) of every position (``"all"``: a speculative block), as
+        new arrays the caller owns. A sequence's results do not depend on
+        what else runs in the step (docs/numerics.md#batch-invariance)."""
         checked, seen = [], set()
         for slot, ids, want in segments:
             slot = self._slot(slot)
@@ -221,14 +225,20 @@ class CheckedBatchEngine:
                 raise ParameterError(f"step: slot {slot} appears twice in one step")
             seen.add(slot)
             ids = check_prefill(ids, self.pos[slot], self.config.vocab_size, self.cache_len)
-            checked.append((slot, ids, bool(want)))
+            if want == "all":
+                want = WANT_ALL
+            elif isinstance(want, (bool, np.bool_)):
+                want = int(want)
+            else:
+                raise ParameterError(f"step: want_logits = {want!r}: True, False or 'all'")
+            checked.append((slot, ids, want))
         if not checked:
             raise ParameterError("step: no segments to run")
         return self._step(checked)
 
-    def _step(self, segments: list[tuple[int, list[int], bool]]) -> list[np.ndarray]:
-        """The engine's own: run the checked segments, advance ``pos`` of each
-        slot, return the wanted logits in order; NumericalError naming the
+    def _step(self, segments: list[tuple[int, list[int], int]]) -> list[np.ndarray]:
+        """The engine's own: run the checked segments (want 0, 1 or
+        WANT_ALL), advance ``pos`` of each slot, return the wanted logits in order; NumericalError naming the
         slot on a non-finite step."""
         raise NotImplementedError
 

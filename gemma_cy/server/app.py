@@ -113,7 +113,7 @@ class BodyLimit:
 
 
 def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None = None,
-               max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+               max_body: int = DEFAULT_MAX_BODY, draft: str | None = None) -> FastAPI:
     disable_created_metrics()
     app = FastAPI(title="gemma-cy", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics(engine)
@@ -205,7 +205,7 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
             raise BadRequest(str(e), "messages") from None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top = (body.top_logprobs or 0) if body.logprobs else None
-        kws = [sequence_keywords(model, body, ids, max_tokens, top, k) for k in range(body.n)]
+        kws = [sequence_keywords(model, body, ids, max_tokens, top, k, draft) for k in range(body.n)]
         run = RequestRun(engine, [(ids, kw) for kw in kws])
         meta = {"id": new_id("chatcmpl"), "created": now(), "model": model_name}
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -226,7 +226,7 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
         sequences = []
         for ids in prompts:
             for k in range(body.n):
-                sequences.append((ids, sequence_keywords(model, body, ids, body.max_tokens, body.logprobs, k)))
+                sequences.append((ids, sequence_keywords(model, body, ids, body.max_tokens, body.logprobs, k, draft)))
         run = RequestRun(engine, sequences)
         meta = {"id": new_id("cmpl"), "created": now(), "model": model_name}
         echoes = [model.detokenize(ids) if body.echo else "" for ids in prompts for _ in range(body.n)]

@@ -42,6 +42,8 @@ class Sampling(BaseModel):
     user: str | None = None  # accepted, unused
     grammar: str | None = None  # llama.cpp's extension: a GBNF (or Lark) grammar
     json_schema: dict | None = None  # llama.cpp's extension: a JSON Schema
+    speculative: Literal["lookup", "none"] | None = None  # gemma-cy's: draft by prompt lookup (None: the server's --draft)
+    draft_max: int | None = Field(None, ge=1, le=32)  # gemma-cy's: ids drafted at most per block
 
     @model_validator(mode="before")
     @classmethod

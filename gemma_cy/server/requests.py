@@ -32,9 +32,11 @@ class BadRequest(GemmaCyError):
 
 
 def sequence_keywords(model, req: Sampling, ids: list[int], max_tokens: int | None,
-                      logprobs: int | None, sample: int) -> dict:
+                      logprobs: int | None, sample: int, draft: str | None = None) -> dict:
     """``Model.generate``'s keywords for sample ``sample`` of a request
-    (seed + sample, as ``complete(n=...)``), checked against ``ids``; BadRequest."""
+    (seed + sample, as ``complete(n=...)``), checked against ``ids``;
+    BadRequest. ``draft``: the server's speculative draft ("lookup" or
+    None), used unless the request says (``speculative``)."""
     room = model.context_len - len(ids)
     if room < 1:
         raise BadRequest(f"the prompt is {len(ids)} tokens; this model's context is {model.context_len} tokens "
@@ -51,6 +53,12 @@ def sequence_keywords(model, req: Sampling, ids: list[int], max_tokens: int | No
               top_k=req.top_k, min_p=req.min_p, repeat_penalty=req.repeat_penalty,
               presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
               seed=(seed + sample) % 2**64, stop=stops or None, logprobs=logprobs, **req.constraint())
+    speculative = draft if req.speculative is None else req.speculative
+    if speculative == "lookup":
+        kw.update(speculative="lookup", draft_max=req.draft_max)
+    elif req.draft_max is not None:
+        raise BadRequest("draft_max: needs speculative decoding (\"speculative\": \"lookup\", or the server's "
+                         "--draft lookup)", "draft_max")
     try:
         model.check_sequence(ids, kw)
     except ContextLengthError as e:
