@@ -165,7 +165,7 @@ def shortened(cmd: str) -> str:
     elif k == "bench-batch":
         cmd = re.sub(r"(?<=\s)--repeat\s+\d+\b", "", cmd) + " --repeat 1 --batches 1,2 --prompt 8 --steps 2 --no_peers"
     elif k == "bench-speculative":
-        cmd = re.sub(r"(?<=\s)--repeat\s+\d+\b", "", cmd) + " --repeat 1 --tokens 4 --limit 1"
+        cmd = re.sub(r"(?<=\s)--repeat\s+\d+\b", "", cmd) + " --repeat 1 --tokens 4 --limit 1 --no_peers"
     elif k == "bench":
         cmd = re.sub(r"(?<=\s)--repeats?\s+\d+\b", "--repeat 1", cmd)
         cmd = re.sub(r"(?<=--models )(\S+)",

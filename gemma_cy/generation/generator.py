@@ -320,6 +320,8 @@ class Generation:
         start = time.perf_counter()
         logits = yield Forward(self.prompt_ids[self.reused:], prefill=True, prompt=True)
         ids.extend(self.prompt_ids[self.reused:])
+        if self.speculative is not None:  # (a draft model runs the prompt too)
+            self.speculative.prefill(self.context_ids + self.prompt_ids)
         self.timing.prefill_seconds = time.perf_counter() - start
         self.timing.prefill_tokens = len(self.prompt_ids) - self.reused
         self.timing.reused_tokens = self.reused

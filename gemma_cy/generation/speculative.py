@@ -52,6 +52,10 @@ class Draft:
         self.drafted = 0  # ids drafted so far
         self.accepted = 0  # of which kept
 
+    def prefill(self, context: list[int]) -> None:
+        """The prompt has run (``context``: everything in the cache): get
+        ready to draft after it. Nothing for a draft without a model."""
+
     def propose(self, context: list[int], limit: int) -> list[int]:
         raise NotImplementedError
 
@@ -101,6 +105,20 @@ class DraftModel(Draft):
     def __init__(self, engine, session, draft_max: int = DRAFT_MAX) -> None:
         super().__init__(draft_max)
         self.engine, self.session = engine, session
+
+    def prefill(self, context: list[int]) -> None:
+        """Run the prompt through the draft model too, all but its last id
+        (the first draft runs that one and drafts from its logits), so the
+        prompt's cost in the draft model counts with the prompt's, as the
+        time before the first token."""
+        if len(context) < 2 or min(context) < 0 or len(context) >= self.engine.cache_len:
+            return
+        self.session.claim(self)
+        kept = self.session.reuse_prefix(context[:-1])
+        rest = context[kept:-1]
+        if rest:
+            self.engine.prefill(rest)
+            self.session.ids.extend(rest)
 
     def propose(self, context: list[int], limit: int) -> list[int]:
         """Up to ``min(self.size, limit)`` ids: the draft model's argmax after
