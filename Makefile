@@ -47,12 +47,16 @@ run-tiny: $(TINY)
 	bash scripts/oracle_setup.sh
 	@touch $@
 
-oracle: .venv-oracle/.deps-stamp $(BUILD_STAMP)
+# The architecture oracles (scripts/make_arch_goldens.py) also need llama.cpp:
+# the quantizer and its greedy ids run in .venv-peers (llama-cpp-python).
+oracle: .venv-oracle/.deps-stamp .venv-peers/.deps-stamp $(BUILD_STAMP)
 	.venv-oracle/bin/python scripts/make_tokenizer_goldens.py
 	.venv-oracle/bin/python scripts/make_model_goldens.py
 	.venv-oracle/bin/python scripts/make_smollm2_goldens.py
 	.venv-oracle/bin/python scripts/make_chat_goldens.py
 	.venv-oracle/bin/python scripts/make_eval_goldens.py
+	.venv-oracle/bin/python scripts/make_arch_goldens.py --hf
+	.venv-peers/bin/python scripts/make_arch_goldens.py --llama_cpp
 
 test: $(BUILD_STAMP) test-debug
 	$(PYTHON) -m pytest -q tests

@@ -98,10 +98,20 @@ def open_tokenizer(path: str):
                            f"llama2.c tokenizer.bin)")
 
 
+# tokenizer.ggml.model values (llama.cpp's vocabulary types) gemma-cy reads.
+TOKENIZER_MODELS = {"llama": "SentencePiece", "gpt2": "byte-level BPE"}
+
+
 def tokenizer_from_gguf(gf):
     """The vocabulary of a parsed GGUF: byte-level BPE when its
-    ``tokenizer.ggml.model`` is "gpt2", else SentencePiece."""
-    if gf.value("tokenizer.ggml.model") == "gpt2":
+    ``tokenizer.ggml.model`` is "gpt2", SentencePiece when it is "llama"
+    (or absent, as in the seed engine's files); any other model (WordPiece,
+    Unigram, Gemma 4's BPE...) is refused rather than read as SentencePiece."""
+    model = gf.value("tokenizer.ggml.model")
+    if model is not None and model not in TOKENIZER_MODELS:
+        known = ", ".join(f"{k!r} ({v})" for k, v in TOKENIZER_MODELS.items())
+        raise ModelFormatError(f"{gf.path}: tokenizer.ggml.model = {model!r} is not supported (supported: {known})")
+    if model == "gpt2":
         from .tokenizers.bpe import BPETokenizer
         return BPETokenizer.from_gguf(gf)
     from .tokenizers.sp import SentencePieceTokenizer
@@ -209,12 +219,14 @@ class Model:
 
     def tokenize(self, text: str | bytes, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``, BOS first if ``add_bos`` (default: as the
-        model's tokenizer says; Gemma yes, SmolLM2 no). Control pieces typed
+        model's tokenizer says; Gemma yes, SmolLM2 no; and then EOS last when
+        the file's ``add_eos_token`` says so). Control pieces typed
         in ``text`` stay plain text unless ``parse_special``."""
+        add_eos = add_bos is None and getattr(self.tokenizer, "add_eos", False)  # the file's, with its add_bos
         if add_bos is None:
             add_bos = self.tokenizer.add_bos
         ids = self.tokenizer.encode(text, parse_special=parse_special)
-        return [self.tokenizer.bos_id] + ids if add_bos else ids
+        return [self.tokenizer.bos_id] * add_bos + ids + [self.tokenizer.eos_id] * add_eos
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (control tokens give nothing)."""

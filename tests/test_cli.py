@@ -131,6 +131,7 @@ def test_dump_and_model_size(tiny_model_path):
     dump = cli("--weights", str(tiny_model_path), "--dump")
     assert dump.returncode == 0
     assert "layers.1.down_proj" in dump.stdout and "256x1024" in dump.stdout
+    assert "architecture: gmw1; tokenizer: GreedyTokenizer" in dump.stdout
     assert cli("--weights", str(tiny_model_path), "--model_size", "tiny", "--dump").returncode == 0
     assert_one_line_error(cli("--weights", str(tiny_model_path), "--model_size", "270m"), "270m")
 

@@ -334,7 +334,6 @@ def test_gemma3_config_switches(tiny_path):
     ({"gemma3.rope.freq_base": None}, "rope_base", 1e6),
     ({"gemma3.attention.sliding_window_pattern": 2}, "sliding_window_pattern", 2),
     ({"gemma3.attention.sliding_window_pattern": np.array([True, False])}, "sliding_window_pattern", 2),
-    ({"gemma3.attention.sliding_window": None}, "sliding_window", 0),
     ({"tokenizer.ggml.eot_token_id": 8}, "eos_ids", (1, 8)),
     ({"gemma3.final_logit_softcapping": 30.0}, "final_softcap", 30.0),
     ({"gemma3.attention.head_count_kv": None}, "n_kv_heads", 2),
@@ -353,6 +352,8 @@ def test_unsupported_architecture(tmp_path):
 @pytest.mark.parametrize("extra, needles", [
     ({"general.architecture": None}, ("general.architecture is missing",)),
     ({"gemma3.block_count": None}, ("gemma3.block_count is missing",)),
+    ({"gemma3.attention.sliding_window": None}, ("gemma3.attention.sliding_window is missing",)),
+    ({"gemma3.attention.sliding_window": 0}, ("gemma3.attention.sliding_window: found 0, must be >= 1",)),
     ({"gemma3.block_count": 0}, ("block_count: found 0",)),
     ({"gemma3.block_count": 2**32 - 1}, ("block_count = 4294967295", "only")),
     ({"gemma3.embedding_length": "640"}, ("embedding_length: type STRING",)),
@@ -993,6 +994,9 @@ def test_dump_names_each_matrix_layout_and_the_simd_module(real_model):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert any(line.startswith("engine: fast, SIMD module: ") for line in lines)
+    assert ("architecture: gemma3; tokenizer: SentencePieceTokenizer (add_bos 1, add_eos 0, add_space_prefix 0)"
+            in lines)
+    assert any(line.split() == ["sliding_window", "512"] for line in lines)  # the switches, each named
     o_proj = next(line for line in lines if line.split()[:1] == ["layers.0.o_proj"])
     down = next(line for line in lines if line.split()[:1] == ["layers.0.down_proj"])
     assert o_proj.endswith("Q4_K as stored, with each sub-block's scale and offset as f32")
@@ -1140,3 +1144,16 @@ def test_parse_leaves_the_tensor_data_unmapped(tmp_path):
     assert _mapped_rss_kb(path) < 1024, "the tensor's pages stayed mapped after the check"
     assert int(gf.raw("w")[1::34].min()) == 0x3C  # and the data reads back through the map
     assert _mapped_rss_kb(path) > 4096
+
+
+@pytest.mark.parametrize("model", ["bert", "t5", "gemma4", "rwkv", "no_vocab"])
+def test_a_tokenizer_model_gemma_cy_does_not_read_is_refused(tmp_path, model):
+    """Not read as SentencePiece (ids a different model's): one line naming it."""
+    from gemma_cy.api import tokenizer_from_gguf
+
+    path = write_tiny(tmp_path / "m.gguf", fields=tiny_fields(**{"tokenizer.ggml.model": model}))
+    with pytest.raises(ModelFormatError) as e:
+        tokenizer_from_gguf(parse_gguf(path))
+    msg = str(e.value)
+    assert f"tokenizer.ggml.model = {model!r} is not supported" in msg and "'llama'" in msg and "\n" not in msg
+    assert msg.startswith(path)

@@ -257,11 +257,14 @@ SPECIAL_WRITERS = {"bos": "add_bos_token_id", "eos": "add_eos_token_id", "unk": 
                    "pad": "add_pad_token_id"}
 
 
-def write_gguf(path, pieces, scores, types, special=None, drop=()):
-    """A GGUF holding only tokenizer metadata (no tensors), written with the gguf package."""
+def write_gguf(path, pieces, scores, types, special=None, drop=(), space_prefix: bool | None = False):
+    """A GGUF holding only tokenizer metadata (no tensors), written with the
+    gguf package; ``space_prefix`` False as Gemma's files say (None: no key)."""
     gguf = pytest.importorskip("gguf", reason="the gguf package is not installed")
     writer = gguf.GGUFWriter(str(path), "gemma3")
     writer.add_tokenizer_model("llama")
+    if space_prefix is not None:
+        writer.add_add_space_prefix(space_prefix)
     if "tokens" not in drop:
         writer.add_token_list(pieces)
     if "scores" not in drop:
@@ -281,6 +284,13 @@ def test_from_gguf(tmp_path):
     p, s, t = hand_vocab()
     tok = SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / "v.gguf", p, s, t))
     assert tok.encode("a   ab") == make().encode("a   ab")
+    assert not tok.add_space_prefix and tok.add_bos and not tok.add_eos
+    for flag in (None, True):  # absent: llama.cpp's default for a "llama" vocabulary, a space before the text
+        spaced = SentencePieceTokenizer.from_gguf(write_gguf(tmp_path / f"{flag}.gguf", p, s, t, space_prefix=flag))
+        assert spaced.add_space_prefix
+        assert spaced.encode("a   ab") == make().encode(" a   ab") and spaced.encode("") == []
+        assert spaced.decode(spaced.encode("ab c")) == "ab c" == spaced.decode([2] + spaced.encode("ab c"))
+        assert spaced.decode(make().encode(" ab")[:1]) == "ab"  # the text's first piece: its space was the prefix
     assert (tok.bos_id, tok.eos_id, tok.unk_id, tok.pad_id) == (2, 1, 3, 0)
     pieces, scores, types, special = read_gguf_vocab(tmp_path / "v.gguf")
     assert (pieces, types, special) == (p, t, {"bos": 2, "eos": 1, "unk": 3, "pad": 0})

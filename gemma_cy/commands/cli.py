@@ -186,6 +186,10 @@ def dump_model(model, out) -> None:
 
     cfg = model.config
     out.write(f"source: {model.weights.source}\n")
+    tok = model.tokenizer
+    settings = ", ".join(f"{k} {int(v)}" for k in ("add_bos", "add_eos", "add_space_prefix")
+                         if (v := getattr(tok, k, None)) is not None)
+    out.write(f"architecture: {model.weights.architecture or '?'}; tokenizer: {type(tok).__name__} ({settings})\n")
     kernels = "own" if ops.ISA in ops.OWN_AFFINE_KERNELS else "portable (generic) loop"
     untested = ", EXPERIMENTAL: its tests have not run on such a CPU" if ops.experimental(ops.ISA) else ""
     out.write(f"engine: {model.engine_name}, SIMD module: {ops.ISA} (affine kernels: {kernels}{untested})\n")

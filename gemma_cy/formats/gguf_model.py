@@ -22,7 +22,7 @@ from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from .mapped import release_pages
 from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, StringArray, close_quietly, parse_gguf, type_name)
 
-SUPPORTED_ARCHITECTURES = ("gemma3", "llama")
+SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "qwen3")
 
 # llama.cpp tensor names -> Weights names (gemma_cy.model.weights); per layer
 # "blk.{l}.<key>.weight" -> "layers.{l}.<value>"
@@ -141,7 +141,8 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
         special[key] = None if f is None else int(f.value)
     vocab_size = emb.dims[1]
     _check_vocab_metadata(gf, vocab_size)
-    switches = (_gemma3_switches if arch == "gemma3" else _llama_switches)(gf, m, n_layers, dim, n_heads, head_dim)
+    switches = {"gemma3": _gemma3_switches, "llama": _llama_switches,
+                "qwen3": _qwen3_switches}[arch](gf, m, n_layers, dim, n_heads, head_dim)
     eos_ids = [special["eos"], special["eot"]] + switches.pop("extra_eos_ids")
     try:
         return ModelConfig(
@@ -163,7 +164,9 @@ def _gemma3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
     """Gemma 3's ModelConfig switches.
 
     From metadata: RoPE global base (``rope.freq_base``; the local base from
-    ``rope.freq_base_swa``), eps, sliding window, soft-caps if present.
+    ``rope.freq_base_swa``), eps, sliding window (required and at least 1,
+    as llama.cpp requires it: a window of 0 would run every layer with full
+    attention, another model), soft-caps if present.
     Derived where the file says nothing (as llama.cpp does): local RoPE base
     10000, pattern 6 (layer l global when (l+1) % 6 == 0), query scale
     1/sqrt(query_pre_attn_scalar) with the scalar = head_dim (dim // n_heads
@@ -178,8 +181,8 @@ def _gemma3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
     dtype: the +1 was added in f32 after reading bf16 w, the same f32 value
     HF computes as ``1.0 + weight.float()``.)
     """
-    window = m.int("{arch}.attention.sliding_window", default=0, low=0)
-    pattern = _swa_pattern(gf, m, m.arch, n_layers) if window else 0
+    window = m.int("{arch}.attention.sliding_window")  # required, >= 1: every Gemma 3 has local layers
+    pattern = _swa_pattern(gf, m, m.arch, n_layers)
     pre_attn_scalar = dim // n_heads if n_layers == GEMMA3_27B_LAYERS else head_dim
     has_eot = "tokenizer.ggml.eot_token_id" in gf.fields
     return dict(
@@ -208,16 +211,37 @@ def _llama_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: in
     rotates half-split: the same function). RoPE must cover the whole head
     (``rope.dimension_count`` == head_dim).
     """
-    rot = m.int("{arch}.rope.dimension_count", default=head_dim)
-    if rot != head_dim:
-        raise m.fail(f"metadata {m.arch}.rope.dimension_count = {rot} differs from head_dim = {head_dim}; "
-                     f"partial RoPE is not supported")
+    _check_whole_head_rope(m, head_dim)
     return dict(
         activation="silu", rope_pairing="interleaved",
         rope_base=m.float("{arch}.rope.freq_base", 10000.0),
         norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-5),
         norm_gain="plain", embed_scale=1.0, qk_norm=False, post_norms=False,
         query_scale=1.0 / math.sqrt(head_dim), extra_eos_ids=[])
+
+
+def _qwen3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
+                    head_dim: int) -> dict:
+    """Qwen 3's (dense) ModelConfig switches: Llama's block (SiLU gating,
+    plain RMSNorm gains, embedding unscaled, no post-norms, no window) with
+    an RMSNorm over each head of q and k before RoPE (gains as stored: HF's
+    Qwen3RMSNorm is x * w), RoPE on half-split pairs (llama.cpp's NEOX
+    rotation: its converter leaves Qwen's q and k rows as HF has them),
+    scores scaled by 1/sqrt(head_dim), head_dim from ``attention.key_length``
+    (128 in every released size, not dim / n_heads), and its own defaults
+    of RoPE base and eps. RoPE must cover the whole head."""
+    return {**_llama_switches(gf, m, n_layers, dim, n_heads, head_dim),
+            "rope_pairing": "half_split", "qk_norm": True,
+            "rope_base": m.float("{arch}.rope.freq_base", 1_000_000.0),
+            "norm_eps": m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6)}
+
+
+def _check_whole_head_rope(m: _Meta, head_dim: int) -> None:
+    """``rope.dimension_count`` (default head_dim) must be head_dim: no partial RoPE."""
+    rot = m.int("{arch}.rope.dimension_count", default=head_dim)
+    if rot != head_dim:
+        raise m.fail(f"metadata {m.arch}.rope.dimension_count = {rot} differs from head_dim = {head_dim}; "
+                     f"partial RoPE is not supported")
 
 
 def _swa_pattern(gf: GGUFFile, m: _Meta, arch: str, n_layers: int) -> int:
@@ -303,7 +327,8 @@ def _read_model(path, tensor: Callable[[GGUFFile, str], object], keep_map: bool)
     try:
         config = gguf_config(gf)
         tensors = {w: tensor(gf, g) for g, w in check_model_tensors(gf, config).items()}
-        weights = Weights(config=config, tensors=tensors, source=gf.path, keepalive=[gf.mm] if keep_map else [])
+        weights = Weights(config=config, tensors=tensors, source=gf.path, keepalive=[gf.mm] if keep_map else [],
+                          architecture=str(gf.value("general.architecture")))
     except BaseException:
         close_quietly(gf.mm)
         raise

@@ -112,7 +112,7 @@ def read_gmw(path) -> Weights:
     except ModelFormatError:
         mm.close()  # no array views exist yet: _tensors checks every scale first
         raise
-    return Weights(config=config, tensors=tensors, source=name, keepalive=[mm])
+    return Weights(config=config, tensors=tensors, source=name, keepalive=[mm], architecture="gmw1")
 
 
 def _parse_header(name: str, mm: mmap.mmap) -> ModelConfig:

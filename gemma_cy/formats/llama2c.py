@@ -229,7 +229,7 @@ def _read(name: str, for_engine: bool) -> Weights:
     except ModelFormatError:
         _close_quietly(mm)
         raise
-    return Weights(config=config, tensors=tensors, source=name, keepalive=[mm])
+    return Weights(config=config, tensors=tensors, source=name, keepalive=[mm], architecture="llama2.c")
 
 
 def _close_quietly(mm: mmap.mmap) -> None:

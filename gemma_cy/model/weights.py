@@ -75,6 +75,7 @@ class Weights:
     config: ModelConfig
     tensors: dict[str, Int8Tensor]
     source: str = ""  # file the tensors were read from (for messages)
+    architecture: str = ""  # what the file says it holds: a GGUF's general.architecture, "gmw1", "llama2.c"
     keepalive: list = field(default_factory=list)  # e.g. the mmap behind the views
 
     def __post_init__(self) -> None:

@@ -29,6 +29,15 @@ Two things differ on purpose from running SentencePiece on the raw text:
 * Control pieces (``<bos>``, ``<start_of_turn>``...) typed in the text are
   plain text unless ``parse_special=True`` (docs/errors.md#case-20).
 
+The GGUF's settings apply (docs/model.md#tokenizer-settings):
+``tokenizer.ggml.add_space_prefix`` (absent: true, llama.cpp's default for
+a "llama" vocabulary; Gemma's files say false) prepends a space to the
+text, and to each stretch of text after a control piece with
+``parse_special``, as llama.cpp does, and decoding drops the first
+piece's leading space at the start of a text (after BOS), as
+SentencePiece does; ``add_bos_token`` (absent: true) and
+``add_eos_token`` (absent: false) say what ``Model.tokenize`` adds.
+
 Decoding turns U+2581 back into a space, a byte piece into its byte, and a
 control or unknown piece into nothing. Text with a literal U+2581 therefore
 decodes with a space there (as in every SentencePiece Gemma tokenizer).
@@ -46,7 +55,7 @@ import numpy as np
 from ..errors import ModelFormatError
 from . import sp_cache
 from .chat import template_from_gguf
-from .greedy import PieceTable, SpecialPieces, text_to_bytes
+from .greedy import PieceTable, SpecialPieces, StreamDecoder, text_to_bytes
 from .sp_bpe import BPEVocab, SentencePieceBPE, build_index
 from .sp_cache import PackedPieces, VocabTables
 
@@ -458,6 +467,27 @@ class SentencePieceTokenizer(PieceTable):
         found = {self._tables.pieces[i].decode("utf-8", "replace") for i in self._control_ids}
         return tuple(sorted(found - {""}, key=lambda p: (-len(p), p)))
 
+    add_space_prefix = False  # a space before the text (SentencePiece's dummy prefix)
+    add_eos = False  # the model expects EOS after a prompt
+
+    def _settings(self, gf) -> None:
+        """add_space_prefix, add_bos and add_eos from the file's metadata,
+        each llama.cpp's default for a "llama" vocabulary when absent."""
+        from ..formats import gguf_reader
+
+        def flag(key: str, default: bool) -> bool:
+            f = gf.fields.get(key)
+            if f is None:
+                return default
+            if f.type != gguf_reader.BOOL:
+                raise ModelFormatError(f"{gf.path}: metadata {key}: type "
+                                       f"{gguf_reader.VALUE_TYPE_NAMES[f.type] if f.type < 13 else f.type}, "
+                                       f"expected BOOL")
+            return bool(f.value)
+        self.add_space_prefix = flag("tokenizer.ggml.add_space_prefix", True)
+        self.add_bos = flag("tokenizer.ggml.add_bos_token", True)
+        self.add_eos = flag("tokenizer.ggml.add_eos_token", False)
+
     @classmethod
     def from_gguf(cls, path) -> SentencePieceTokenizer:
         """The tokenizer a GGUF file's metadata describes (``path`` or a parsed
@@ -474,6 +504,7 @@ class SentencePieceTokenizer(PieceTable):
             tok = cls.__new__(cls)
             tok._adopt(tables, *_special_ids(gf), source=gf.path)
             tok.chat_template = template
+            tok._settings(gf)
             return tok
         pieces, scores, types, special = read_gguf_vocab(gf)
         for short in ("bos", "eos", "unk"):
@@ -486,6 +517,7 @@ class SentencePieceTokenizer(PieceTable):
         tok = cls.__new__(cls)
         tok._adopt(tables, *ids, source=gf.path)
         tok.chat_template = template
+        tok._settings(gf)
         return tok
 
     def encode(self, text: str | bytes, parse_special: bool = False) -> list[int]:
@@ -496,7 +528,35 @@ class SentencePieceTokenizer(PieceTable):
         first; the text between them is encoded as usual.
         """
         data = text_to_bytes(text)
-        return self._specials.split(data, self._encode_plain) if parse_special else self._encode_plain(data)
+        plain = self._encode_prefixed if self.add_space_prefix else self._encode_plain
+        return self._specials.split(data, plain) if parse_special else plain(data)
+
+    def _encode_prefixed(self, data: bytes) -> list[int]:
+        """``_encode_plain`` of the text with a space before it (add_space_prefix)."""
+        return self._encode_plain(SPACE + data) if data else []
+
+    def decode_bytes(self, ids, prev_id: int | None = None) -> bytes:
+        """PieceTable.decode_bytes; with add_space_prefix, the first
+        non-control piece of a text (``prev_id`` None or BOS: the id before
+        the first) loses the space its piece starts with, as SentencePiece
+        decodes."""
+        if not self.add_space_prefix or prev_id not in (None, self.bos_id):
+            return super().decode_bytes(ids)
+        ids = list(ids)
+        for k, token_id in enumerate(ids):
+            token_id = self._check_id(token_id)
+            if not self._control[token_id]:
+                first = self._out[token_id]
+                if self._tables.pieces[token_id].startswith(META_SPACE):
+                    first = first[1:]
+                return super().decode_bytes(ids[:k]) + first + super().decode_bytes(ids[k + 1:])
+        return b""
+
+    def stream_decoder(self, prev_id: int | None = None) -> StreamDecoder:
+        """PieceTable.stream_decoder; ``prev_id`` (the id before the first
+        pushed, e.g. the prompt's last) None or BOS: the text starts here,
+        so the first piece's prefix space goes (decode_bytes)."""
+        return SentencePieceStreamDecoder(self, prev_id)
 
     def _encode_plain(self, data: bytes) -> list[int]:
         """SentencePiece ids of ``data``; bytes that are not UTF-8 become byte pieces."""
@@ -517,3 +577,20 @@ class SentencePieceTokenizer(PieceTable):
         if done < len(text):
             ids += self._bpe.encode(text[done:])
         return ids
+
+
+class SentencePieceStreamDecoder(StreamDecoder):
+    """Incremental ``SentencePieceTokenizer.decode_bytes`` from ``prev_id``:
+    concatenating every ``push`` and ``flush()`` gives its decode."""
+
+    def __init__(self, tokenizer: SentencePieceTokenizer, prev_id: int | None = None) -> None:
+        super().__init__(tokenizer)
+        self._at_start = tokenizer.add_space_prefix and prev_id in (None, tokenizer.bos_id)
+
+    def push(self, token_id: int) -> str:
+        """Add one id; return the text it completes (maybe "")."""
+        if not self._at_start:
+            return super().push(token_id)
+        data = self._tokenizer.decode_bytes([token_id], None)
+        self._at_start = self._tokenizer.is_control(token_id)  # (control ids decode to nothing: still the start)
+        return self._utf8.decode(data)

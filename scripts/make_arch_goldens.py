@@ -1,0 +1,246 @@
+"""Tiny models of the architectures beyond the real files, made and proven offline (docs/model.md#architecture-oracles).
+
+    .venv-oracle/bin/python scripts/make_arch_goldens.py --hf           # models, GGUFs, transformers' goldens
+    .venv-peers/bin/python scripts/make_arch_goldens.py --llama_cpp     # quantized files, llama.cpp's greedy ids
+
+No model can be downloaded here, so each architecture's proof is a model
+made here: transformers builds a tiny random one from a config with every
+feature of the architecture switched on, llama.cpp's own converter
+(``convert_hf_to_gguf.py``, from llama-cpp-python's source distribution,
+``LLAMA_CPP_VERSION``) writes it to GGUF at F32, BF16 and Q8_0, and
+llama.cpp's quantizer (``llama_model_quantize``) makes Q4_K_M and Q6_K
+from the F32 file. Into ``tests/goldens/arch/<arch>/`` go the files,
+``greedy.json`` (per prompt: the ids, transformers' 64 greedy ids with
+each step's margin and runner-up, its last-position top 20, again with
+the weights rounded to bf16 as the BF16 file holds them; llama.cpp's 64 greedy ids
+on the F32 and Q8_0 files, its KV cache in f32) and ``logits_<name>.npy`` (transformers' f32
+last-position logits).
+
+The tokenizer is SmolLM2's (byte-level BPE, digits split one by one:
+llama.cpp's pre-tokenizer "smollm"), retrained by the ``tokenizers``
+library to TOKENIZER_VOCAB tokens on the repository's tokenizer corpus so
+the files stay small. The converter recognizes a pre-tokenizer by hashing
+what a vocabulary makes of a test text, and a retrained vocabulary's hash
+is new to it, so the run names the rule it was trained with ("smollm")
+in place of that lookup; every other step is the converter's own.
+
+Weights: transformers' initialization scaled by WEIGHT_SCALE, so that the
+random model's logits spread and greedy decoding is not a run of near
+ties; the seed is fixed, so the same versions make the same files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "goldens" / "arch"
+LLAMA_CPP_VERSION = "0.3.36"
+SOURCE_CACHE = Path.home() / ".cache" / "gemma-cy" / f"llama-cpp-python-{LLAMA_CPP_VERSION}"
+TOKENIZER_VOCAB = 512
+WEIGHT_SCALE = 4.0
+SEED = 20261206
+N_GREEDY = 64
+OUTTYPES = ("f32", "bf16", "q8_0")  # the converter's; Q4_K_M and Q6_K come from the quantizer
+KV_F32 = 0  # GGML_TYPE_F32: llama.cpp's KV cache in f32, not its default f16, as gemma-cy and transformers keep it
+QUANTIZED = {"q4_k_m": 15, "q6_k": 18}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_K_M, LLAMA_FTYPE_MOSTLY_Q6_K
+
+PROMPTS = [
+    ("story", "Once upon a time, in a small village by the sea,"),
+    ("numbers", "The first ten prime numbers are 2, 3, 5, 7, 11,"),
+    ("code", "def add(a, b):\n    return"),
+    ("list", "Shopping list:\n- apples\n- bread\n-"),
+    ("french", "Le petit chat dort sur le canapé, et"),
+    ("question", "Q: What is the capital of France?\nA:"),
+    ("json", '{"name": "Alice", "age": 30, "city":'),
+    ("long", "The licenses for most software and other practical works are designed to take away your "
+             "freedom to share and change the works. By contrast, the GNU General Public License is intended "
+             "to guarantee your freedom to share and change all versions of a program"),
+]
+
+
+def qwen3_config():
+    """Qwen 3 (dense): per-head q/k RMSNorm, head_dim set apart from
+    hidden_size / heads (64, not 32), grouped-query attention, tied
+    embeddings. Rows of 128 are too short for the K-quants' blocks of 256,
+    so llama.cpp's quantizer gives those tensors its fallback types (the
+    K-quant kernels are proven on Gemma 3's real file); the files stay
+    small (4 MB in all)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=TOKENIZER_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+                       rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=True,
+                       bos_token_id=None, eos_token_id=0, pad_token_id=None)
+
+
+ARCHS = {"qwen3": qwen3_config}
+
+
+def converter_source() -> Path:
+    """llama.cpp's converter (convert_hf_to_gguf.py, conversion/, gguf-py/)
+    from llama-cpp-python's source distribution, fetched and unpacked once."""
+    llama = SOURCE_CACHE / "vendor" / "llama.cpp"
+    if (llama / "convert_hf_to_gguf.py").exists():
+        return llama
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", tmp], check=True)
+        sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        prefix = f"llama_cpp_python-{LLAMA_CPP_VERSION}/"
+        with tarfile.open(sdist) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix + "vendor/llama.cpp/")
+                       and ("/convert_hf_to_gguf.py" in m.name or "/conversion/" in m.name or "/gguf-py/" in m.name)]
+            for m in members:
+                m.name = m.name[len(prefix):]
+            SOURCE_CACHE.mkdir(parents=True, exist_ok=True)
+            tar.extractall(SOURCE_CACHE, members=members, filter="data")
+    return llama
+
+
+CONVERT = """
+import sys
+sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
+sys.path.insert(0, {llama!r})
+import convert_hf_to_gguf
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"  # the rule the vocabulary was trained with
+convert_hf_to_gguf.main()
+"""
+
+
+def tokenizer():
+    """SmolLM2's tokenizer (from its GGUF, digits split as SmolLM2's own
+    tokenizer.json does), retrained to TOKENIZER_VOCAB tokens."""
+    from make_smollm2_goldens import gguf_path, smollm2_corpus, split_digits
+    from make_tokenizer_goldens import load_hf_tokenizer
+
+    base = load_hf_tokenizer(gguf_path())
+    split_digits(base)
+    texts = smollm2_corpus() + [text for _, text in PROMPTS]
+    tok = base.train_new_from_iterator(texts * 4, vocab_size=TOKENIZER_VOCAB, new_special_tokens=["<|endoftext|>"])
+    return tok
+
+
+def make_hf(arch: str, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(SEED)
+    torch.set_num_threads(2)
+    tok = tokenizer()
+    config = ARCHS[arch]()
+    config.vocab_size = len(tok)
+    config.eos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(WEIGHT_SCALE)
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        llama = converter_source()
+        env = dict(os.environ, PYTHONPATH=str(llama / "gguf-py"))
+        for outtype in OUTTYPES:
+            subprocess.run([sys.executable, "-c", CONVERT.format(llama=str(llama)), tmp, "--outtype", outtype,
+                            "--outfile", str(out / f"model-{outtype}.gguf")], check=True, env=env)
+    records = oracle_records(model, tok, out, "")
+    with torch.no_grad():  # the weights the BF16 file holds, in f32: its own oracle
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    records_bf16 = oracle_records(model, tok, out, "_bf16")
+    import transformers
+    header = {"arch": arch, "oracle": f"transformers {transformers.__version__}, torch {torch.__version__}, f32, "
+                                      f"eager attention", "converter": f"llama-cpp-python {LLAMA_CPP_VERSION}",
+              "config": config.to_dict(), "seed": SEED, "weight_scale": WEIGHT_SCALE, "n_greedy": N_GREEDY}
+    (out / "greedy.json").write_text(json.dumps({**header, "prompts": records, "prompts_bf16": records_bf16},
+                                                indent=1, default=str))
+
+
+def oracle_records(model, tok, out: Path, suffix: str) -> list[dict]:
+    """Per prompt: its ids, the last position's logits (logits<suffix>_<name>.npy),
+    N_GREEDY greedy ids with each step's top-1/top-2 margin and runner-up
+    (every step one cache-free forward of the whole context), the top 20."""
+    import torch
+
+    from make_model_goldens import top2
+
+    records = []
+    with torch.inference_mode():
+        for name, text in PROMPTS:
+            ids = tok(text)["input_ids"]
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            np.save(out / f"logits{suffix}_{name}.npy", logits.numpy().astype(np.float32))
+            gen, margins, second, ctx = [], [], [], list(ids)
+            for _ in range(N_GREEDY):
+                step = model(torch.tensor([ctx])).logits[0, -1].float()
+                best, runner_up, margin = top2(step)
+                gen.append(best)
+                second.append(runner_up)
+                margins.append(margin)
+                ctx.append(best)
+            values, indices = torch.topk(logits, 20)
+            records.append({"name": name, "text": text, "prompt_ids": ids, "greedy_ids": gen,
+                            "step_margins": margins, "step_second_ids": second,
+                            "top20_ids": [int(i) for i in indices], "top20_logits": [float(v) for v in values],
+                            "logits_file": f"logits{suffix}_{name}.npy"})
+            print(f"{name}{suffix}: {len(ids)} ids, min margin {min(margins):.3f}: {tok.decode(gen)!r}",
+                  file=sys.stderr)
+    return records
+
+
+def make_llama_cpp(arch: str, out: Path) -> None:
+    """Q4_K_M and Q6_K from the F32 file; llama.cpp's greedy ids on the F32 and Q8_0 files."""
+    import llama_cpp
+
+    for name, ftype in QUANTIZED.items():
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = ftype
+        params.nthread = 1
+        if llama_cpp.llama_model_quantize(str(out / "model-f32.gguf").encode(),
+                                          str(out / f"model-{name}.gguf").encode(), params) != 0:
+            raise SystemExit(f"quantizing to {name} failed")
+    golden = json.loads((out / "greedy.json").read_text())
+    for kind in ("f32", "q8_0"):
+        llm = llama_cpp.Llama(model_path=str(out / f"model-{kind}.gguf"), n_ctx=512, n_threads=1,
+                              n_threads_batch=1, verbose=False, logits_all=False, type_k=KV_F32, type_v=KV_F32)
+        for rec in golden["prompts"]:
+            llm.reset()
+            gen = []
+            for token in llm.generate(rec["prompt_ids"], temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
+                                      repeat_penalty=1.0, reset=True):
+                gen.append(int(token))
+                if len(gen) == N_GREEDY:
+                    break
+            rec[f"llama_cpp_{kind}"] = gen
+    golden["llama_cpp"] = f"llama-cpp-python {llama_cpp.__version__}, one thread, f32 KV cache"
+    (out / "greedy.json").write_text(json.dumps(golden, indent=1, default=str))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hf", action="store_true", help="build the models and transformers' goldens")
+    p.add_argument("--llama_cpp", action="store_true", help="quantize and record llama.cpp's greedy ids")
+    p.add_argument("--arch", default=",".join(ARCHS))
+    args = p.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    for arch in args.arch.split(","):
+        if args.hf:
+            make_hf(arch, OUT / arch)
+        if args.llama_cpp:
+            make_llama_cpp(arch, OUT / arch)
+
+
+if __name__ == "__main__":
+    main()
