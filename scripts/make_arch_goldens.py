@@ -46,6 +46,7 @@ OUT = ROOT / "tests" / "goldens" / "arch"
 LLAMA_CPP_VERSION = "0.3.36"
 SOURCE_CACHE = Path.home() / ".cache" / "gemma-cy" / f"llama-cpp-python-{LLAMA_CPP_VERSION}"
 TOKENIZER_VOCAB = 512
+SP_VOCAB = 1024  # the trainer keeps every character of 98% coverage: more than 512 on this corpus
 WEIGHT_SCALE = 4.0
 SEED = 20261206
 N_GREEDY = 64
@@ -82,7 +83,22 @@ def qwen3_config():
                        bos_token_id=None, eos_token_id=0, pad_token_id=None)
 
 
-ARCHS = {"qwen3": qwen3_config}
+def gemma2_config():
+    """Gemma 2: sandwich norms, GELU-tanh, a sliding window on every other
+    layer shorter than the test prompts, soft-caps low enough to bend the
+    scores and logits of this small model, query_pre_attn_scalar = head_dim
+    (llama.cpp's rule for every size but the 27B)."""
+    from transformers import Gemma2Config
+
+    return Gemma2Config(vocab_size=TOKENIZER_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+                        rms_norm_eps=1e-6, query_pre_attn_scalar=64, sliding_window=16,
+                        attn_logit_softcapping=10.0, final_logit_softcapping=3.0,
+                        hidden_activation="gelu_pytorch_tanh", pad_token_id=0, eos_token_id=1, bos_token_id=2)
+
+
+# arch -> (its transformers config, its vocabulary: "bpe" (SmolLM2's rule) or "sp" (Gemma's SentencePiece))
+ARCHS = {"qwen3": (qwen3_config, "bpe"), "gemma2": (gemma2_config, "sp")}
 
 
 def converter_source() -> Path:
@@ -117,17 +133,68 @@ convert_hf_to_gguf.main()
 """
 
 
-def tokenizer():
+class BPEVocab:
     """SmolLM2's tokenizer (from its GGUF, digits split as SmolLM2's own
     tokenizer.json does), retrained to TOKENIZER_VOCAB tokens."""
-    from make_smollm2_goldens import gguf_path, smollm2_corpus, split_digits
-    from make_tokenizer_goldens import load_hf_tokenizer
 
-    base = load_hf_tokenizer(gguf_path())
-    split_digits(base)
-    texts = smollm2_corpus() + [text for _, text in PROMPTS]
-    tok = base.train_new_from_iterator(texts * 4, vocab_size=TOKENIZER_VOCAB, new_special_tokens=["<|endoftext|>"])
-    return tok
+    def __init__(self):
+        from make_smollm2_goldens import gguf_path, smollm2_corpus, split_digits
+        from make_tokenizer_goldens import load_hf_tokenizer
+
+        base = load_hf_tokenizer(gguf_path())
+        split_digits(base)
+        texts = smollm2_corpus() + [text for _, text in PROMPTS]
+        self.tok = base.train_new_from_iterator(texts * 4, vocab_size=TOKENIZER_VOCAB,
+                                                new_special_tokens=["<|endoftext|>"])
+        self.size = len(self.tok)
+        self.eos_id = self.tok.convert_tokens_to_ids("<|endoftext|>")
+
+    def save(self, directory: str) -> None:
+        self.tok.save_pretrained(directory)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok(text)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
+
+
+class SPVocab:
+    """A SentencePiece BPE model with Gemma's settings (no dummy prefix,
+    byte fallback, digits split, whitespace kept; pad 0, eos 1, bos 2, unk
+    3, Gemma's turn markers as control pieces), trained by the
+    ``sentencepiece`` trainer to TOKENIZER_VOCAB pieces on the corpus; the
+    oracle of its ids is that library (BOS first, as Gemma's files say)."""
+
+    def __init__(self):
+        import io
+
+        import sentencepiece as spm
+
+        from make_smollm2_goldens import smollm2_corpus
+
+        model = io.BytesIO()
+        texts = [t for t in smollm2_corpus() + [text for _, text in PROMPTS] if t.strip()]
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts * 4), model_writer=model, vocab_size=SP_VOCAB, model_type="bpe",
+            byte_fallback=True, split_digits=True, add_dummy_prefix=False, normalization_rule_name="identity",
+            remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, character_coverage=0.98,
+            pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>",
+            unk_piece="<unk>", control_symbols=["<start_of_turn>", "<end_of_turn>"],
+            max_sentence_length=1 << 16, num_threads=1, minloglevel=2)
+        self.proto = model.getvalue()
+        self.sp = spm.SentencePieceProcessor(model_proto=self.proto)
+        self.size, self.eos_id = self.sp.get_piece_size(), self.sp.eos_id()
+        self.unk_id = self.sp.unk_id()  # (config.json names it: the converter finds no tokenizer.json here)
+
+    def save(self, directory: str) -> None:
+        Path(directory, "tokenizer.model").write_bytes(self.proto)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.sp.bos_id()] + self.sp.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.sp.decode(ids)
 
 
 def make_hf(arch: str, out: Path) -> None:
@@ -136,10 +203,13 @@ def make_hf(arch: str, out: Path) -> None:
 
     torch.manual_seed(SEED)
     torch.set_num_threads(2)
-    tok = tokenizer()
-    config = ARCHS[arch]()
-    config.vocab_size = len(tok)
-    config.eos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    make_config, kind = ARCHS[arch]
+    tok = BPEVocab() if kind == "bpe" else SPVocab()
+    config = make_config()
+    config.vocab_size = tok.size
+    config.eos_token_id = tok.eos_id
+    if hasattr(tok, "unk_id"):
+        config.unk_token_id = tok.unk_id
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
         for p in model.parameters():
@@ -149,7 +219,7 @@ def make_hf(arch: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        tok.save(tmp)
         llama = converter_source()
         env = dict(os.environ, PYTHONPATH=str(llama / "gguf-py"))
         for outtype in OUTTYPES:
@@ -179,7 +249,7 @@ def oracle_records(model, tok, out: Path, suffix: str) -> list[dict]:
     records = []
     with torch.inference_mode():
         for name, text in PROMPTS:
-            ids = tok(text)["input_ids"]
+            ids = tok.encode(text)
             logits = model(torch.tensor([ids])).logits[0, -1].float()
             np.save(out / f"logits{suffix}_{name}.npy", logits.numpy().astype(np.float32))
             gen, margins, second, ctx = [], [], [], list(ids)

@@ -1,4 +1,4 @@
-"""Gemma 3 and Llama GGUF files as models: metadata -> ``ModelConfig``
+"""GGUF files as models (Gemma 2 and 3, Llama, Qwen 3): metadata -> ``ModelConfig``
 (``gguf_config``), llama.cpp tensor names -> ``Weights`` names, the checks a
 model's tensor set must pass, and ``read_gguf`` / ``read_gguf_f32``
 (docs/formats.md#architectures). ``read_gguf`` keeps every weight the file
@@ -22,7 +22,7 @@ from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from .mapped import release_pages
 from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, StringArray, close_quietly, parse_gguf, type_name)
 
-SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "qwen3")
+SUPPORTED_ARCHITECTURES = ("gemma2", "gemma3", "llama", "qwen3")
 
 # llama.cpp tensor names -> Weights names (gemma_cy.model.weights); per layer
 # "blk.{l}.<key>.weight" -> "layers.{l}.<value>"
@@ -44,6 +44,10 @@ GEMMA3_ROPE_BASE_LOCAL = 10000.0
 GEMMA3_SLIDING_WINDOW_PATTERN = 6
 GEMMA3_ROPE_BASE = 1_000_000.0  # HF Gemma3TextConfig.rope_theta, if freq_base is absent
 GEMMA3_27B_LAYERS = 62  # the one size whose query_pre_attn_scalar is dim // n_heads
+# Gemma 2's, where its GGUF is silent (llama.cpp's values for the architecture).
+GEMMA2_27B_LAYERS = 46  # the one size whose query_pre_attn_scalar is dim // n_heads
+GEMMA2_SLIDING_WINDOW, GEMMA2_SLIDING_WINDOW_PATTERN = 4096, 2
+GEMMA2_ATTN_SOFTCAP, GEMMA2_FINAL_SOFTCAP = 50.0, 30.0
 
 
 def tensor_name(gguf_name: str, n_layers: int) -> str | None:
@@ -99,12 +103,13 @@ class _Meta:
 
 
 def gguf_config(gf: GGUFFile) -> ModelConfig:
-    """The ModelConfig of a parsed GGUF file (architectures "gemma3" and "llama").
+    """The ModelConfig of a parsed GGUF file (architectures in SUPPORTED_ARCHITECTURES).
 
-    Both: sizes (``{arch}.*``), eps, RoPE base (``rope.freq_base``), bos/eos
+    All: sizes (``{arch}.*``), eps, RoPE base (``rope.freq_base``), bos/eos
     ids from ``tokenizer.ggml.*``; vocab_size is the embedding's row count;
     no position table; tied embeddings when there is no ``output.weight``.
-    The architecture's own switches: ``_gemma3_switches``, ``_llama_switches``.
+    The architecture's own switches: ``_gemma2_switches``, ``_gemma3_switches``, ``_llama_switches``,
+    ``_qwen3_switches``.
     """
     arch_field = gf.fields.get("general.architecture")
     if arch_field is None or arch_field.type != STRING:
@@ -141,7 +146,7 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
         special[key] = None if f is None else int(f.value)
     vocab_size = emb.dims[1]
     _check_vocab_metadata(gf, vocab_size)
-    switches = {"gemma3": _gemma3_switches, "llama": _llama_switches,
+    switches = {"gemma2": _gemma2_switches, "gemma3": _gemma3_switches, "llama": _llama_switches,
                 "qwen3": _qwen3_switches}[arch](gf, m, n_layers, dim, n_heads, head_dim)
     eos_ids = [special["eos"], special["eot"]] + switches.pop("extra_eos_ids")
     try:
@@ -199,6 +204,35 @@ def _gemma3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
         extra_eos_ids=[] if has_eot else [_token_id(gf, "<end_of_turn>")])
 
 
+def _gemma2_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
+                     head_dim: int) -> dict:
+    """Gemma 2's ModelConfig switches (docs/model.md#gemma-2): Gemma 3's
+    block without the q/k norm (sandwich norms stored as 1 + w, GELU-tanh,
+    embedding times f32 sqrt(dim), half-split RoPE), one RoPE base for every
+    layer (``rope.freq_base``, 10000), a sliding window on every other
+    layer (``attention.sliding_window``, 4096; pattern 2: layer l global
+    when l is odd), soft-caps on the attention scores and the logits
+    (``attn_logit_softcapping`` 50, ``final_logit_softcapping`` 30), and
+    queries scaled by 1/sqrt(query_pre_attn_scalar), which the GGUF does
+    not carry: head_dim, or dim // n_heads for the 46-layer 27B (llama.cpp's
+    rule). End of turn joins the eos ids as for Gemma 3."""
+    window = m.int("{arch}.attention.sliding_window", default=GEMMA2_SLIDING_WINDOW)
+    rope_base = m.float("{arch}.rope.freq_base", 10000.0)
+    scalar = dim // n_heads if n_layers == GEMMA2_27B_LAYERS else head_dim
+    has_eot = "tokenizer.ggml.eot_token_id" in gf.fields
+    return dict(
+        activation="gelu_tanh", rope_pairing="half_split", rope_base=rope_base,
+        rope_base_local=m.float("{arch}.rope.freq_base_swa", rope_base),
+        norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        norm_gain="plain", embed_scale=float(np.float32(math.sqrt(dim))),
+        qk_norm=False, post_norms=True, query_scale=1.0 / math.sqrt(scalar),
+        sliding_window=window,
+        sliding_window_pattern=_swa_pattern(gf, m, m.arch, n_layers, GEMMA2_SLIDING_WINDOW_PATTERN),
+        attn_softcap=m.float("{arch}.attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP),
+        final_softcap=m.float("{arch}.final_logit_softcapping", GEMMA2_FINAL_SOFTCAP),
+        extra_eos_ids=[] if has_eot else [_token_id(gf, "<end_of_turn>")])
+
+
 def _llama_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
                     head_dim: int) -> dict:
     """Llama's ModelConfig switches (SmolLM2 is one): SiLU gating, plain
@@ -244,13 +278,14 @@ def _check_whole_head_rope(m: _Meta, head_dim: int) -> None:
                      f"partial RoPE is not supported")
 
 
-def _swa_pattern(gf: GGUFFile, m: _Meta, arch: str, n_layers: int) -> int:
+def _swa_pattern(gf: GGUFFile, m: _Meta, arch: str, n_layers: int,
+                 default: int = GEMMA3_SLIDING_WINDOW_PATTERN) -> int:
     """Sliding-window period: the metadata's (an int, or one bool per layer,
-    True = sliding) if present, else Gemma 3's 6."""
+    True = sliding) if present, else the architecture's (Gemma 3's 6)."""
     key = f"{arch}.attention.sliding_window_pattern"
     f = gf.fields.get(key)
     if f is None:
-        return GEMMA3_SLIDING_WINDOW_PATTERN
+        return default
     if f.type != ARRAY:
         return m.int("{arch}.attention.sliding_window_pattern")
     if f.item_type != BOOL or len(f.value) != n_layers:
