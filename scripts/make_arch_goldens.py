@@ -97,8 +97,19 @@ def gemma2_config():
                         hidden_activation="gelu_pytorch_tanh", pad_token_id=0, eos_token_id=1, bos_token_id=2)
 
 
+def gemma_config():
+    """Gemma (1): GELU-tanh GeGLU, embedding scale, one key/value head (as
+    the 2B), head_dim apart from hidden_size / heads."""
+    from transformers import GemmaConfig
+
+    return GemmaConfig(vocab_size=TOKENIZER_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+                       rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", pad_token_id=0, eos_token_id=1,
+                       bos_token_id=2)
+
+
 # arch -> (its transformers config, its vocabulary: "bpe" (SmolLM2's rule) or "sp" (Gemma's SentencePiece))
-ARCHS = {"qwen3": (qwen3_config, "bpe"), "gemma2": (gemma2_config, "sp")}
+ARCHS = {"qwen3": (qwen3_config, "bpe"), "gemma2": (gemma2_config, "sp"), "gemma": (gemma_config, "sp")}
 
 
 def converter_source() -> Path:

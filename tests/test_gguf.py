@@ -345,7 +345,7 @@ def test_config_from_metadata_keys(tmp_path, extra, field, value):
 
 def test_unsupported_architecture(tmp_path):
     path = write_tiny(tmp_path / "qwen2.gguf", fields=tiny_fields(**{"general.architecture": "qwen2"}))
-    msg = reject(path, "architecture 'qwen2' is not supported", "supported: gemma2, gemma3, llama, qwen3")
+    msg = reject(path, "architecture 'qwen2' is not supported", "supported: gemma, gemma2, gemma3, llama, qwen3")
     assert msg.startswith(path)
 
 

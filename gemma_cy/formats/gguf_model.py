@@ -1,4 +1,4 @@
-"""GGUF files as models (Gemma 2 and 3, Llama, Qwen 3): metadata -> ``ModelConfig``
+"""GGUF files as models (Gemma 1, 2 and 3, Llama, Qwen 3): metadata -> ``ModelConfig``
 (``gguf_config``), llama.cpp tensor names -> ``Weights`` names, the checks a
 model's tensor set must pass, and ``read_gguf`` / ``read_gguf_f32``
 (docs/formats.md#architectures). ``read_gguf`` keeps every weight the file
@@ -22,7 +22,7 @@ from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from .mapped import release_pages
 from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, StringArray, close_quietly, parse_gguf, type_name)
 
-SUPPORTED_ARCHITECTURES = ("gemma2", "gemma3", "llama", "qwen3")
+SUPPORTED_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "llama", "qwen3")
 
 # llama.cpp tensor names -> Weights names (gemma_cy.model.weights); per layer
 # "blk.{l}.<key>.weight" -> "layers.{l}.<value>"
@@ -108,7 +108,8 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     All: sizes (``{arch}.*``), eps, RoPE base (``rope.freq_base``), bos/eos
     ids from ``tokenizer.ggml.*``; vocab_size is the embedding's row count;
     no position table; tied embeddings when there is no ``output.weight``.
-    The architecture's own switches: ``_gemma2_switches``, ``_gemma3_switches``, ``_llama_switches``,
+    The architecture's own switches: ``_gemma_switches``, ``_gemma2_switches``, ``_gemma3_switches``,
+    ``_llama_switches``,
     ``_qwen3_switches``.
     """
     arch_field = gf.fields.get("general.architecture")
@@ -146,8 +147,8 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
         special[key] = None if f is None else int(f.value)
     vocab_size = emb.dims[1]
     _check_vocab_metadata(gf, vocab_size)
-    switches = {"gemma2": _gemma2_switches, "gemma3": _gemma3_switches, "llama": _llama_switches,
-                "qwen3": _qwen3_switches}[arch](gf, m, n_layers, dim, n_heads, head_dim)
+    switches = {"gemma": _gemma_switches, "gemma2": _gemma2_switches, "gemma3": _gemma3_switches,
+                "llama": _llama_switches, "qwen3": _qwen3_switches}[arch](gf, m, n_layers, dim, n_heads, head_dim)
     eos_ids = [special["eos"], special["eot"]] + switches.pop("extra_eos_ids")
     try:
         return ModelConfig(
@@ -204,33 +205,42 @@ def _gemma3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
         extra_eos_ids=[] if has_eot else [_token_id(gf, "<end_of_turn>")])
 
 
-def _gemma2_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
-                     head_dim: int) -> dict:
-    """Gemma 2's ModelConfig switches (docs/model.md#gemma-2): Gemma 3's
-    block without the q/k norm (sandwich norms stored as 1 + w, GELU-tanh,
-    embedding times f32 sqrt(dim), half-split RoPE), one RoPE base for every
-    layer (``rope.freq_base``, 10000), a sliding window on every other
-    layer (``attention.sliding_window``, 4096; pattern 2: layer l global
-    when l is odd), soft-caps on the attention scores and the logits
-    (``attn_logit_softcapping`` 50, ``final_logit_softcapping`` 30), and
-    queries scaled by 1/sqrt(query_pre_attn_scalar), which the GGUF does
-    not carry: head_dim, or dim // n_heads for the 46-layer 27B (llama.cpp's
-    rule). End of turn joins the eos ids as for Gemma 3."""
-    window = m.int("{arch}.attention.sliding_window", default=GEMMA2_SLIDING_WINDOW)
-    rope_base = m.float("{arch}.rope.freq_base", 10000.0)
-    scalar = dim // n_heads if n_layers == GEMMA2_27B_LAYERS else head_dim
+def _gemma_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
+                    head_dim: int) -> dict:
+    """Gemma (1)'s ModelConfig switches (docs/model.md#gemma-1): GELU-tanh
+    gating, RMSNorm gains stored as 1 + w ("plain"), embedding times f32
+    sqrt(dim), half-split RoPE with ``rope.freq_base`` (10000) on every
+    layer, scores scaled by 1/sqrt(head_dim); no q/k norm, no sandwich
+    norms, no window, no soft-caps. End of turn joins the eos ids as for
+    Gemma 3."""
     has_eot = "tokenizer.ggml.eot_token_id" in gf.fields
+    rope_base = m.float("{arch}.rope.freq_base", 10000.0)
     return dict(
-        activation="gelu_tanh", rope_pairing="half_split", rope_base=rope_base,
-        rope_base_local=m.float("{arch}.rope.freq_base_swa", rope_base),
+        activation="gelu_tanh", rope_pairing="half_split", rope_base=rope_base, rope_base_local=rope_base,
         norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
         norm_gain="plain", embed_scale=float(np.float32(math.sqrt(dim))),
-        qk_norm=False, post_norms=True, query_scale=1.0 / math.sqrt(scalar),
-        sliding_window=window,
-        sliding_window_pattern=_swa_pattern(gf, m, m.arch, n_layers, GEMMA2_SLIDING_WINDOW_PATTERN),
-        attn_softcap=m.float("{arch}.attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP),
-        final_softcap=m.float("{arch}.final_logit_softcapping", GEMMA2_FINAL_SOFTCAP),
+        qk_norm=False, post_norms=False, query_scale=1.0 / math.sqrt(head_dim),
         extra_eos_ids=[] if has_eot else [_token_id(gf, "<end_of_turn>")])
+
+
+def _gemma2_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
+                     head_dim: int) -> dict:
+    """Gemma 2's ModelConfig switches (docs/model.md#gemma-2): Gemma 1's
+    block with sandwich norms, a sliding window on every other layer
+    (``attention.sliding_window``, 4096; pattern 2: layer l global when l
+    is odd; ``rope.freq_base_swa`` defaults to the one base), soft-caps on
+    the attention scores and the logits (``attn_logit_softcapping`` 50,
+    ``final_logit_softcapping`` 30), and queries scaled by
+    1/sqrt(query_pre_attn_scalar), which the GGUF does not carry: head_dim,
+    or dim // n_heads for the 46-layer 27B (llama.cpp's rule)."""
+    gemma = _gemma_switches(gf, m, n_layers, dim, n_heads, head_dim)
+    scalar = dim // n_heads if n_layers == GEMMA2_27B_LAYERS else head_dim
+    return {**gemma, "post_norms": True, "query_scale": 1.0 / math.sqrt(scalar),
+            "rope_base_local": m.float("{arch}.rope.freq_base_swa", gemma["rope_base"]),
+            "sliding_window": m.int("{arch}.attention.sliding_window", default=GEMMA2_SLIDING_WINDOW),
+            "sliding_window_pattern": _swa_pattern(gf, m, m.arch, n_layers, GEMMA2_SLIDING_WINDOW_PATTERN),
+            "attn_softcap": m.float("{arch}.attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP),
+            "final_softcap": m.float("{arch}.final_logit_softcapping", GEMMA2_FINAL_SOFTCAP)}
 
 
 def _llama_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
