@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 from typing import Sequence
 
@@ -310,16 +311,20 @@ class Model:
             raise ParameterError(f"draft: expected a Model (gemma_cy.load(...)), got {type(draft).__name__}")
         if draft is self:
             raise ParameterError("draft: the model itself; a draft model needs its own KV cache (load it again)")
-        if draft.config.vocab_size != self.config.vocab_size or draft.vocabulary != self.vocabulary:
+        if draft.config.vocab_size != self.config.vocab_size or draft.vocabulary_digest != self.vocabulary_digest:
             raise ParameterError(f"draft: its vocabulary ({draft.config.vocab_size} ids) is not this model's "
                                  f"({self.config.vocab_size} ids); a draft model must share the tokenizer")
         return DraftModel(draft.engine, draft.session, DRAFT_MAX if draft_max is None else draft_max)
 
     @functools.cached_property
-    def vocabulary(self) -> tuple[bytes, ...]:
-        """Every id's bytes, control ids marked (what two models must share
-        for one to draft for the other)."""
-        return tuple(token_bytes(self.tokenizer))
+    def vocabulary_digest(self) -> bytes:
+        """A BLAKE2b digest of every id's bytes, control ids marked
+        (``token_bytes``): what two models must share for one to draft for
+        the other. A digest, not the table: Gemma's is 262,144 byte strings."""
+        h = hashlib.blake2b(digest_size=32)
+        for piece in token_bytes(self.tokenizer):
+            h.update(len(piece).to_bytes(4, "little") + piece)
+        return h.digest()
 
     def compile_constraint(self, keywords: dict) -> Constraint | None:
         """The Constraint the keywords ask for (docs/structured_output.md), or None."""

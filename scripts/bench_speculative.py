@@ -65,29 +65,14 @@ PROMPTS = [
 
 
 def f16_copy(src: str) -> str:
-    """An F16 GGUF of ``src``'s weights (every matrix dequantized and
-    stored as F16, vectors F32, metadata kept): a larger target of the same
-    vocabulary for the draft model to draft for. Written once."""
+    """An F16 GGUF of ``src``'s weights (gemma_cy.commands.convert with
+    matrices="f16"): a larger target of the same vocabulary for the draft
+    model to draft for. Written once."""
     if not F16_COPY.exists():
-        import numpy as np
+        from gemma_cy.commands.convert import convert
 
-        from gemma_cy.formats.gguf_reader import UINT32, Field, parse_gguf
-        from gemma_cy.formats.gguf_writer import TensorData, write_gguf
-        from gemma_cy.quant.ggml import F32, dequantize
-        from gemma_cy.quant.types import F16
-
-        gf = parse_gguf(src)
-        fields = dict(gf.fields)
-        fields["general.file_type"] = Field(UINT32, 1)  # llama.cpp's MOSTLY_F16
-
-        def values(t):
-            def produce():
-                x = dequantize(gf.raw(t.name), t.ggml_type, t.shape)
-                return x if len(t.dims) == 1 else x.astype(np.float16)
-            return produce
         F16_COPY.parent.mkdir(parents=True, exist_ok=True)
-        write_gguf(F16_COPY, fields, [TensorData(t.name, F32 if len(t.dims) == 1 else F16, t.dims, values(t))
-                                      for t in gf.tensors.values()])
+        convert(src, F16_COPY, matrices="f16")
     return str(F16_COPY)
 
 
@@ -100,6 +85,9 @@ def llama_worker(args) -> None:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     common = dict(model_path=args.model, n_ctx=4096, n_threads=1, n_threads_batch=1, verbose=False, seed=0)
+    # (LlamaPromptLookupDecoding needs logits_all: without it a prompt longer than n_batch fails with a shape
+    # error in 0.3.36; Llama.generate on gemma-cy's chat ids, since its create_chat_completion gave an empty
+    # reply with Gemma 3's template here: docs/benchmarks.md#speculative-decoding)
     engines = {"plain": Llama(**common), "lookup": Llama(**common, logits_all=True, draft_model=LlamaPromptLookupDecoding(
         num_pred_tokens=args.draft_max or 10))}
     for line in sys.stdin:

@@ -567,6 +567,24 @@ def test_convert_mixed_source(tmp_path):
             np.testing.assert_array_equal(t.blocks, quantize_q8_0(values))
 
 
+def test_convert_to_f16_keeps_every_value_as_f16_rounds_it(tmp_path):
+    src, sources = mixed_source(tmp_path)
+    out = str(tmp_path / "f16.gguf")
+    report = convert(src, out, matrices="f16")
+    b = parse_gguf(out)
+    assert b.value("general.file_type") == 1
+    for name, (type_name, values) in sources.items():
+        t = b.tensors[name]
+        if values.ndim == 1:
+            assert t.type_name == "F32" and report[name] == f"f32 {type_name}"
+        else:
+            assert t.type_name == "F16" and report[name] == f"f16 {type_name}"
+            got = np.frombuffer(b.raw(name), np.float16).reshape(values.shape)
+            assert got.tobytes() == values.astype(np.float16).tobytes()
+    with pytest.raises(ValueError, match="matrices"):
+        convert(src, str(tmp_path / "x.gguf"), matrices="q4_0")
+
+
 def test_convert_rejects_what_it_cannot_read(tmp_path):
     out = tmp_path / "out.gguf"
     arrays = tiny_arrays()

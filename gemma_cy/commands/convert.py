@@ -30,24 +30,31 @@ from ..errors import ModelFormatError
 from ..formats.gguf_reader import UINT32, Field, TensorInfo, parse_gguf
 from ..formats.gguf_writer import TensorData, write_gguf
 from ..formats.gguf_model import check_model_tensors, gguf_config
-from ..quant.ggml import DEQUANTIZABLE, F32, Q8_0, dequantize, is_exact_in_q8_0, to_q8_0
+from ..quant.ggml import DEQUANTIZABLE, F16, F32, Q8_0, dequantize, is_exact_in_q8_0, to_q8_0
 from ..quant.types import GGML_TYPES
 
 FILE_TYPE_MOSTLY_Q8_0 = 7  # llama.cpp's llama_ftype for "all matrices Q8_0"
+FILE_TYPE_MOSTLY_F16 = 1
+# convert's ``matrices``: -> (the GGML type of every matrix, general.file_type)
+MATRIX_TYPES = {"q8_0": (Q8_0, FILE_TYPE_MOSTLY_Q8_0), "f16": (F16, FILE_TYPE_MOSTLY_F16)}
 
 # progress(done, total, name): called after each tensor is written
 Progress = Callable[[int, int, str], None]
 
 
-def convert(in_path, out_path, progress: Progress | None = None) -> dict[str, str]:
-    """Convert GGUF ``in_path`` to a Q8_0/F32 GGUF at ``out_path``.
+def convert(in_path, out_path, progress: Progress | None = None, matrices: str = "q8_0") -> dict[str, str]:
+    """Convert GGUF ``in_path`` to a Q8_0/F32 GGUF at ``out_path``; with
+    ``matrices="f16"``, every matrix dequantized and stored as F16 instead
+    (a larger copy of the same weights, e.g. a target for a draft model).
 
     Returns tensor name -> what was done ("exact Q5_0", "rounded Q4_K",
-    "f32 F32"...). ``progress(done, total, name)`` is called after each
+    "f32 F32", "f16 Q4_K"...). ``progress(done, total, name)`` is called after each
     tensor. Raises ModelFormatError for a source gemma-cy cannot read or
     convert (naming the tensor and the supported types); the output appears
     only once complete.
     """
+    if matrices not in MATRIX_TYPES:
+        raise ValueError(f"matrices = {matrices!r}, expected one of {tuple(MATRIX_TYPES)}")
     gf = parse_gguf(in_path)
     config = gguf_config(gf)
     check_model_tensors(gf, config)
@@ -55,11 +62,11 @@ def convert(in_path, out_path, progress: Progress | None = None) -> dict[str, st
         if GGML_TYPES[t.ggml_type].name not in DEQUANTIZABLE:
             raise ModelFormatError(f"{gf.path}: tensor {t.name!r} is {t.type_name}; the converter reads "
                                    f"{', '.join(DEQUANTIZABLE)}")
-        if len(t.dims) > 1 and t.dims[0] % 32:
+        if matrices == "q8_0" and len(t.dims) > 1 and t.dims[0] % 32:
             raise ModelFormatError(f"{gf.path}: tensor {t.name!r}: ne0 = {t.dims[0]} is not a multiple "
                                    f"of 32, so it cannot be Q8_0")
     fields = dict(gf.fields)
-    fields["general.file_type"] = Field(UINT32, FILE_TYPE_MOSTLY_Q8_0)
+    fields["general.file_type"] = Field(UINT32, MATRIX_TYPES[matrices][1])
     total = len(gf.tensors)
     done: dict[str, str] = {}
 
@@ -69,6 +76,9 @@ def convert(in_path, out_path, progress: Progress | None = None) -> dict[str, st
             if len(t.dims) == 1:
                 out = dequantize(raw, t.ggml_type, t.shape)
                 how = "f32"
+            elif matrices == "f16":
+                out = dequantize(raw, t.ggml_type, t.shape).astype(np.float16)
+                how = "f16"
             else:
                 try:
                     out = to_q8_0(raw, t.ggml_type, t.shape)
@@ -81,7 +91,7 @@ def convert(in_path, out_path, progress: Progress | None = None) -> dict[str, st
             return out
         return produce
 
-    tensors = [TensorData(t.name, F32 if len(t.dims) == 1 else Q8_0, t.dims, producer(t))
+    tensors = [TensorData(t.name, F32 if len(t.dims) == 1 else MATRIX_TYPES[matrices][0], t.dims, producer(t))
                for t in gf.tensors.values()]
     write_gguf(out_path, fields, tensors)
     return done

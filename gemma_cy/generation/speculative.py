@@ -111,37 +111,39 @@ class DraftModel(Draft):
         (the first draft runs that one and drafts from its logits), so the
         prompt's cost in the draft model counts with the prompt's, as the
         time before the first token."""
-        if len(context) < 2 or min(context) < 0 or len(context) >= self.engine.cache_len:
-            return
-        self.session.claim(self)
-        kept = self.session.reuse_prefix(context[:-1])
-        rest = context[kept:-1]
-        if rest:
-            self.engine.prefill(rest)
-            self.session.ids.extend(rest)
+        if 2 <= len(context) < self.engine.cache_len:
+            self._follow(context[:-1])
 
     def propose(self, context: list[int], limit: int) -> list[int]:
         """Up to ``min(self.size, limit)`` ids: the draft model's argmax after
-        ``context``, then after each of those. The cache keeps what it
-        shares with ``context`` (rewound past the last block's cut) and
-        runs the rest; none when ``context`` holds ids it was not told."""
+        ``context``, then after each of those."""
         engine, session = self.engine, self.session
         k = min(self.size, limit, engine.cache_len - len(context))
         if k <= 0:
             return []
-        session.claim(self)
-        kept = session.reuse_prefix(context)
-        new = context[kept:]
-        if min(new) < 0:  # (a bare engine's positions before the prompt: ids unknown)
+        logits = self._follow(context)
+        if logits is None:
             return []
-        logits = engine.prefill(new) if len(new) > 1 else engine.decode(new[0])
-        session.ids.extend(new)
         out = [int(np.argmax(logits))]
         while len(out) < k:
             logits = engine.decode(out[-1])
             session.ids.append(out[-1])
             out.append(int(np.argmax(logits)))
         return out
+
+    def _follow(self, ids: list[int]) -> np.ndarray | None:
+        """Take the draft model's cache over and make it hold ``ids``: keep
+        what it shares with them (rewound past the last block's cut), run the
+        rest (at least the last id); the logits after ``ids``, or None when
+        they hold ids it was not told (a bare engine's unknown positions)."""
+        self.session.claim(self)
+        kept = self.session.reuse_prefix(ids)
+        new = ids[kept:]
+        if min(new) < 0:
+            return None
+        logits = self.engine.prefill(new)  # (one id too: a prefill gives decode's bits)
+        self.session.ids.extend(new)
+        return logits
 
 
 def check_speculative(speculative, draft_max) -> PromptLookup | None:
