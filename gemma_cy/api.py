@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 from typing import Sequence
 
@@ -35,7 +34,7 @@ from .generation.speculative import DRAFT_MAX, DraftModel, check_draft_max, chec
 from .generation.stops import check_stop_strings
 from .generation.sampling import Sampler
 from .tokenizers.greedy import GreedyTokenizer
-from .tokenizers.token_bytes import token_bytes
+from .tokenizers.token_bytes import vocabulary_digest
 from .model.weights import Weights
 
 
@@ -318,13 +317,8 @@ class Model:
 
     @functools.cached_property
     def vocabulary_digest(self) -> bytes:
-        """A BLAKE2b digest of every id's bytes, control ids marked
-        (``token_bytes``): what two models must share for one to draft for
-        the other. A digest, not the table: Gemma's is 262,144 byte strings."""
-        h = hashlib.blake2b(digest_size=32)
-        for piece in token_bytes(self.tokenizer):
-            h.update(len(piece).to_bytes(4, "little") + piece)
-        return h.digest()
+        """What two models must share for one to draft for the other (token_bytes.vocabulary_digest)."""
+        return vocabulary_digest(self.tokenizer)
 
     def compile_constraint(self, keywords: dict) -> Constraint | None:
         """The Constraint the keywords ask for (docs/structured_output.md), or None."""

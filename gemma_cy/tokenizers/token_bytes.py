@@ -12,6 +12,8 @@ which is the lone byte 0xFF, can never be allowed by a grammar over text).
 """
 from __future__ import annotations
 
+import hashlib
+
 SPECIAL_MARK = b"\xff"
 
 
@@ -23,3 +25,13 @@ def token_bytes(tokenizer) -> list[bytes]:
         if not data or tokenizer.is_control(tid):
             out[tid] = SPECIAL_MARK + spelled.get(tid, f"<special_{tid}>".encode())
     return out
+
+
+def vocabulary_digest(tokenizer) -> bytes:
+    """A BLAKE2b digest of ``token_bytes(tokenizer)`` (each id's bytes,
+    length-prefixed): equal for two vocabularies that give every id the
+    same bytes. A digest, not the table: Gemma's is 262,144 byte strings."""
+    h = hashlib.blake2b(digest_size=32)
+    for piece in token_bytes(tokenizer):
+        h.update(len(piece).to_bytes(4, "little") + piece)
+    return h.digest()
