@@ -61,6 +61,10 @@ class LayerWeights:
     k_norm: np.ndarray | None  # (hd,) when config.qk_norm
     post_attn_norm: np.ndarray | None  # (dim,) when config.post_norms
     post_ffn_norm: np.ndarray | None  # (dim,) when config.post_norms
+    q_bias: np.ndarray | None = None  # (qd,) when config.qkv_bias
+    k_bias: np.ndarray | None = None  # (kvd,) when config.qkv_bias
+    v_bias: np.ndarray | None = None  # (kvd,) when config.qkv_bias
+    rope_freqs: np.ndarray | None = None  # (hd/2,) when config.rope_freqs: the model's one array
 
 
 class Q8Matrix:
@@ -164,6 +168,7 @@ class F32Weights:
         def optional(name: str, present: bool) -> np.ndarray | None:
             return deq(name) if present else None
 
+        rope_freqs = optional("rope_freqs", c.rope_freqs)  # (hd/2,), every layer's
         layers = []
         for layer in range(c.n_layers):
             p = f"layers.{layer}."
@@ -174,7 +179,9 @@ class F32Weights:
                 attn_norm=deq(p + "attn_norm"), ffn_norm=deq(p + "ffn_norm"),
                 q_norm=optional(p + "q_norm", c.qk_norm), k_norm=optional(p + "k_norm", c.qk_norm),
                 post_attn_norm=optional(p + "post_attn_norm", c.post_norms),
-                post_ffn_norm=optional(p + "post_ffn_norm", c.post_norms)))
+                post_ffn_norm=optional(p + "post_ffn_norm", c.post_norms),
+                q_bias=optional(p + "q_bias", c.qkv_bias), k_bias=optional(p + "k_bias", c.qkv_bias),
+                v_bias=optional(p + "v_bias", c.qkv_bias), rope_freqs=rope_freqs))
         embed_tokens = deq("embed_tokens")
         if activations == "q8":
             lm_head = Q8Matrix(weights.lm_head)
@@ -219,20 +226,26 @@ def rmsnorm(x: np.ndarray, gain: np.ndarray, eps: float, one_plus: bool) -> np.n
     return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * g
 
 
-def rope_cos_sin(pos: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of the angles pos * base^(-2j/hd), j < hd/2, as f32 (hd/2,).
+def rope_cos_sin(pos: int, head_dim: int, base: float,
+                 freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the angles pos * base^(-2j/hd) [/ freq_factors[j]], j < hd/2, as f32 (hd/2,).
 
     The angles are computed in f64 and rounded once: in f32, pos * inv_freq
     loses ~pos * 6e-8 rad (1e-3 at 16k positions), which is accuracy the
     reference should not give away. The fast path may tabulate these.
+    ``freq_factors`` (Llama 3's rope_freqs, docs/model.md#llama-3) divide
+    each pair's frequency: 1 keeps it, 8 turns it 8 times slower.
     """
     j = np.arange(head_dim // 2, dtype=np.float64)  # (hd/2,)
     inv_freq = float(base) ** (-2.0 * j / head_dim)  # (hd/2,)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.astype(np.float64)  # (hd/2,)
     angle = pos * inv_freq  # (hd/2,)
     return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
 
 
-def rope(x: np.ndarray, pos: int, base: float, pairing: str) -> np.ndarray:
+def rope(x: np.ndarray, pos: int, base: float, pairing: str,
+         freq_factors: np.ndarray | None = None) -> np.ndarray:
     """Rotate each head's pairs by pos * inv_freq_j: x (n, hd) -> (n, hd).
 
     pairing "interleaved": pair j is (x[2j], x[2j+1]) (seed, docs/model.md#the-seed-model-gmw1);
@@ -240,7 +253,7 @@ def rope(x: np.ndarray, pos: int, base: float, pairing: str) -> np.ndarray:
     Pair (a, b) -> (a cos - b sin, a sin + b cos).
     """
     head_dim = x.shape[-1]
-    cos, sin = rope_cos_sin(pos, head_dim, base)  # (hd/2,) each
+    cos, sin = rope_cos_sin(pos, head_dim, base, freq_factors)  # (hd/2,) each
     if pairing == "interleaved":
         a, b = x[:, 0::2], x[:, 1::2]  # (n, hd/2) each
     else:
@@ -311,12 +324,16 @@ def attention(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCac
     q = (w.q_proj @ x).reshape(c.n_heads, c.head_dim)  # (nh, hd)
     k = (w.k_proj @ x).reshape(c.n_kv_heads, c.head_dim)  # (nkv, hd)
     v = (w.v_proj @ x).reshape(c.n_kv_heads, c.head_dim)  # (nkv, hd)
+    if c.qkv_bias:
+        q = q + w.q_bias.reshape(c.n_heads, c.head_dim)  # (nh, hd)
+        k = k + w.k_bias.reshape(c.n_kv_heads, c.head_dim)  # (nkv, hd)
+        v = v + w.v_bias.reshape(c.n_kv_heads, c.head_dim)  # (nkv, hd)
     if c.qk_norm:
         q = rmsnorm(q, w.q_norm, c.norm_eps, one_plus)  # (nh, hd)
         k = rmsnorm(k, w.k_norm, c.norm_eps, one_plus)  # (nkv, hd)
     base = c.rope_base_for(layer)
-    q = rope(q, pos, base, c.rope_pairing)  # (nh, hd)
-    k = rope(k, pos, base, c.rope_pairing)  # (nkv, hd)
+    q = rope(q, pos, base, c.rope_pairing, w.rope_freqs)  # (nh, hd)
+    k = rope(k, pos, base, c.rope_pairing, w.rope_freqs)  # (nkv, hd)
     observer(layer, "q", pos, q)
     observer(layer, "k", pos, k)
     observer(layer, "v", pos, v)

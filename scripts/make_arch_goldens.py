@@ -108,8 +108,40 @@ def gemma_config():
                        bos_token_id=2)
 
 
+def llama3_config():
+    """Llama 3.x: its RoPE scaling ("llama3": per-pair frequency divisors,
+    written by the converter as the rope_freqs tensor) with the original
+    context set to 64 positions, so that the divisors run through all three
+    of their regimes (1, the smooth ramp, the full factor) over the 16 pairs
+    of a head; grouped-query attention, tied embeddings (as the 1B and 3B).
+    Half as wide as the first models: the files stay under 0.6 MB each."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=TOKENIZER_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                       rms_norm_eps=1e-5, tie_word_embeddings=True,
+                       rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 64},
+                       bos_token_id=None, eos_token_id=0, pad_token_id=None)
+
+
+def qwen2_config():
+    """Qwen 2 / 2.5: biases on the q, k and v projections (drawn at random
+    below: transformers starts them at zero, which would prove nothing),
+    grouped-query attention, tied embeddings (as the 0.5B)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=TOKENIZER_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=True,
+                       bos_token_id=None, eos_token_id=0, pad_token_id=None)
+
+
 # arch -> (its transformers config, its vocabulary: "bpe" (SmolLM2's rule) or "sp" (Gemma's SentencePiece))
-ARCHS = {"qwen3": (qwen3_config, "bpe"), "gemma2": (gemma2_config, "sp"), "gemma": (gemma_config, "sp")}
+ARCHS = {"qwen3": (qwen3_config, "bpe"), "gemma2": (gemma2_config, "sp"), "gemma": (gemma_config, "sp"),
+         "llama3": (llama3_config, "bpe"), "qwen2": (qwen2_config, "bpe")}
+BIAS_SCALE = 0.5  # std of the random q/k/v biases
 
 
 def converter_source() -> Path:
@@ -223,9 +255,11 @@ def make_hf(arch: str, out: Path) -> None:
         config.unk_token_id = tok.unk_id
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.mul_(WEIGHT_SCALE)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, BIAS_SCALE)
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -237,9 +271,10 @@ def make_hf(arch: str, out: Path) -> None:
             subprocess.run([sys.executable, "-c", CONVERT.format(llama=str(llama)), tmp, "--outtype", outtype,
                             "--outfile", str(out / f"model-{outtype}.gguf")], check=True, env=env)
     records = oracle_records(model, tok, out, "")
-    with torch.no_grad():  # the weights the BF16 file holds, in f32: its own oracle
+    with torch.no_grad():  # the weights the BF16 file holds, in f32: its own oracle (vectors stay F32 there)
         for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
+            if p.dim() > 1:
+                p.copy_(p.to(torch.bfloat16).float())
     records_bf16 = oracle_records(model, tok, out, "_bf16")
     import transformers
     header = {"arch": arch, "oracle": f"transformers {transformers.__version__}, torch {torch.__version__}, f32, "

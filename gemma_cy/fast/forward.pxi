@@ -117,6 +117,9 @@ cdef struct LayerWeights:
     const float* k_norm  # (hd,), NULL unless config.qk_norm
     const float* post_attn_norm  # (dim,), NULL unless config.post_norms
     const float* post_ffn_norm  # (dim,), NULL unless config.post_norms
+    const float* q_bias  # (qd,), NULL unless config.qkv_bias
+    const float* k_bias  # (kvd,), NULL unless config.qkv_bias
+    const float* v_bias  # (kvd,), NULL unless config.qkv_bias
     Py_ssize_t rope_table  # 0: the global RoPE base's cos/sin, 1: the local one's
     Py_ssize_t window  # positions attended to, itself included; 0 = all
 
@@ -364,6 +367,7 @@ cdef class FastModel:
     cdef RopePairing pairing
     cdef float embed_scale, scores_scale, attn_softcap, final_softcap  # soft-caps: 0 = off
     cdef double rope_bases[2]  # global, local (layers' rope_table)
+    cdef const float* rope_factors  # (hd/2,) divisors of the pairs' frequencies (config.rope_freqs), or NULL
 
     # weights
     cdef QMatrix embed_tokens  # (vocab, dim)
@@ -454,6 +458,7 @@ cdef class FastModel:
         self.final_softcap = c.final_softcap
         self.rope_bases[0] = c.rope_base
         self.rope_bases[1] = c.rope_base if c.rope_base_local is None else c.rope_base_local
+        self.rope_factors = _gain(weights["rope_freqs"] if c.rope_freqs else None, self._keep)
 
         tensors = weights.tensors
         if self.act_q8:
@@ -505,6 +510,9 @@ cdef class FastModel:
             w.k_norm = _gain(weights[p + "k_norm"] if c.qk_norm else None, keep)
             w.post_attn_norm = _gain(weights[p + "post_attn_norm"] if c.post_norms else None, keep)
             w.post_ffn_norm = _gain(weights[p + "post_ffn_norm"] if c.post_norms else None, keep)
+            w.q_bias = _gain(weights[p + "q_bias"] if c.qkv_bias else None, keep)
+            w.k_bias = _gain(weights[p + "k_bias"] if c.qkv_bias else None, keep)
+            w.v_bias = _gain(weights[p + "v_bias"] if c.qkv_bias else None, keep)
             w.rope_table = 1 if c.is_local(layer) else 0
             w.window = c.window(layer)
             release_file_maps(weights.keepalive)  # what reading its gains mapped (gemma_cy/fast/arena.py)
@@ -889,7 +897,7 @@ cdef class FastModel:
         for t in range(T):
             for table in range(2):
                 k_rope_cos_sin(self.rope_cos + (2 * t + table) * half, self.rope_sin + (2 * t + table) * half,
-                               self.head_dim, self.row_pos[t], self.rope_bases[table])
+                               self.head_dim, self.row_pos[t], self.rope_bases[table], self.rope_factors)
             self.embed(self.x + t * dim, ids[t], self.row_pos[t])  # (dim,)
             self.bad_at[t] = ALL_FINITE if k_all_finite(self.x + t * dim, dim) else -1
         self.observe(0, self.x, dim)
@@ -998,6 +1006,11 @@ cdef class FastModel:
         self.matmul(self.q, &w.q_proj, x, T)  # (T, nh, hd)
         self.matmul(k, &w.k_proj, x, T)  # (T, nkv, hd)
         self.matmul(v, &w.v_proj, x, T)  # (T, nkv, hd)
+        if w.q_bias != NULL:
+            for t in range(T):
+                k_add(self.q + t * qd, w.q_bias, qd)
+                k_add(k + t * kvd, w.k_bias, kvd)
+                k_add(v + t * kvd, w.v_bias, kvd)
         if w.q_norm != NULL:
             self.rmsnorm(self.q, self.q, w.q_norm, hd, T * nh)
             self.rmsnorm(k, k, w.k_norm, hd, T * nkv)

@@ -22,12 +22,12 @@ from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from .mapped import release_pages
 from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, StringArray, close_quietly, parse_gguf, type_name)
 
-SUPPORTED_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "llama", "qwen3")
+SUPPORTED_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "llama", "qwen2", "qwen3")
 
 # llama.cpp tensor names -> Weights names (gemma_cy.model.weights); per layer
 # "blk.{l}.<key>.weight" -> "layers.{l}.<value>"
 GLOBAL_TENSOR_NAMES = {"token_embd.weight": "embed_tokens", "output_norm.weight": "final_norm",
-                       "output.weight": "lm_head"}
+                       "output.weight": "lm_head", "rope_freqs.weight": "rope_freqs"}
 LAYER_TENSOR_NAMES = {
     "attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
     "ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj",
@@ -35,7 +35,8 @@ LAYER_TENSOR_NAMES = {
     "post_attention_norm": "post_attn_norm", "post_ffw_norm": "post_ffn_norm",
     "attn_q_norm": "q_norm", "attn_k_norm": "k_norm",
 }
-_LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.weight")
+LAYER_BIAS_NAMES = {"attn_q": "q_bias", "attn_k": "k_bias", "attn_v": "v_bias"}  # "blk.{l}.<key>.bias"
+_LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.(weight|bias)")
 
 # Gemma 3 values the GGUF metadata does not carry (llama.cpp hard-codes them
 # for the architecture too): local RoPE base, and the layer pattern (5 local
@@ -55,8 +56,9 @@ def tensor_name(gguf_name: str, n_layers: int) -> str | None:
     if gguf_name in GLOBAL_TENSOR_NAMES:
         return GLOBAL_TENSOR_NAMES[gguf_name]
     m = _LAYER_NAME.fullmatch(gguf_name)
-    if m and int(m.group(1)) < n_layers and m.group(2) in LAYER_TENSOR_NAMES:
-        return f"layers.{m.group(1)}.{LAYER_TENSOR_NAMES[m.group(2)]}"
+    names = LAYER_TENSOR_NAMES if m and m.group(3) == "weight" else LAYER_BIAS_NAMES
+    if m and int(m.group(1)) < n_layers and m.group(2) in names:
+        return f"layers.{m.group(1)}.{names[m.group(2)]}"
     return None
 
 
@@ -66,8 +68,11 @@ def gguf_tensor_name(weights_name: str) -> str:
         if w == weights_name:
             return g
     _, layer, short = weights_name.split(".")
-    key = next(k for k, v in LAYER_TENSOR_NAMES.items() if v == short)
-    return f"blk.{layer}.{key}.weight"
+    for names, kind in ((LAYER_TENSOR_NAMES, "weight"), (LAYER_BIAS_NAMES, "bias")):
+        key = next((k for k, v in names.items() if v == short), None)
+        if key is not None:
+            return f"blk.{layer}.{key}.{kind}"
+    raise KeyError(weights_name)
 
 
 class _Meta:
@@ -109,8 +114,7 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     ids from ``tokenizer.ggml.*``; vocab_size is the embedding's row count;
     no position table; tied embeddings when there is no ``output.weight``.
     The architecture's own switches: ``_gemma_switches``, ``_gemma2_switches``, ``_gemma3_switches``,
-    ``_llama_switches``,
-    ``_qwen3_switches``.
+    ``_llama_switches``, ``_qwen2_switches``, ``_qwen3_switches``.
     """
     arch_field = gf.fields.get("general.architecture")
     if arch_field is None or arch_field.type != STRING:
@@ -148,7 +152,7 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     vocab_size = emb.dims[1]
     _check_vocab_metadata(gf, vocab_size)
     switches = {"gemma": _gemma_switches, "gemma2": _gemma2_switches, "gemma3": _gemma3_switches,
-                "llama": _llama_switches, "qwen3": _qwen3_switches}[arch](gf, m, n_layers, dim, n_heads, head_dim)
+                "llama": _llama_switches, "qwen2": _qwen2_switches, "qwen3": _qwen3_switches}[arch](gf, m, n_layers, dim, n_heads, head_dim)
     eos_ids = [special["eos"], special["eot"]] + switches.pop("extra_eos_ids")
     try:
         return ModelConfig(
@@ -253,15 +257,30 @@ def _llama_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: in
     the rows of each q and k head from HF's half-split layout so that its own
     adjacent-pair RoPE applies (HF's GGUF loader undoes the permutation and
     rotates half-split: the same function). RoPE must cover the whole head
-    (``rope.dimension_count`` == head_dim).
+    (``rope.dimension_count`` == head_dim). Llama 3's RoPE scaling is the
+    ``rope_freqs`` tensor the converter writes (one divisor per pair of a
+    head, docs/model.md#llama-3); a file that holds it runs with it.
     """
     _check_whole_head_rope(m, head_dim)
     return dict(
-        activation="silu", rope_pairing="interleaved",
+        activation="silu", rope_pairing="interleaved", rope_freqs="rope_freqs.weight" in gf.tensors,
         rope_base=m.float("{arch}.rope.freq_base", 10000.0),
         norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-5),
         norm_gain="plain", embed_scale=1.0, qk_norm=False, post_norms=False,
         query_scale=1.0 / math.sqrt(head_dim), extra_eos_ids=[])
+
+
+def _qwen2_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
+                    head_dim: int) -> dict:
+    """Qwen 2 (and 2.5)'s ModelConfig switches: Llama's block with a bias
+    added to q, k and v after their projections (``attn_{q,k,v}.bias``; no
+    bias on the output projection), RoPE on half-split pairs (llama.cpp's
+    NEOX rotation, as for Qwen 3), and Qwen's defaults of RoPE base and eps.
+    No RoPE scaling (a ``rope_freqs`` tensor is refused as unexpected)."""
+    return {**_llama_switches(gf, m, n_layers, dim, n_heads, head_dim),
+            "rope_pairing": "half_split", "qkv_bias": True, "rope_freqs": False,
+            "rope_base": m.float("{arch}.rope.freq_base", 1_000_000.0),
+            "norm_eps": m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6)}
 
 
 def _qwen3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
@@ -275,7 +294,7 @@ def _qwen3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: in
     (128 in every released size, not dim / n_heads), and its own defaults
     of RoPE base and eps. RoPE must cover the whole head."""
     return {**_llama_switches(gf, m, n_layers, dim, n_heads, head_dim),
-            "rope_pairing": "half_split", "qk_norm": True,
+            "rope_pairing": "half_split", "qk_norm": True, "rope_freqs": False,
             "rope_base": m.float("{arch}.rope.freq_base", 1_000_000.0),
             "norm_eps": m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6)}
 

@@ -44,6 +44,8 @@ class ModelConfig:
     position_table: bool = True  # learned absolute position rows added to the embedding
     embed_scale: float = 1.0  # embedding multiplier (Gemma: sqrt(dim) as f32)
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE
+    qkv_bias: bool = False  # Qwen 2: a bias added to q, k and v after their projections
+    rope_freqs: bool = False  # Llama 3: the "rope_freqs" tensor divides pair j's frequency, every layer
     post_norms: bool = False  # sandwich norms after attention and MLP
     query_scale: float | None = None  # scores *= this; None = 1/sqrt(head_dim)
     sliding_window: int = 0  # local layers attend to the last N positions; 0 = off

@@ -16,9 +16,13 @@ qd = n_heads*head_dim):
     layers.{l}.ffn_norm     (dim,)
     layers.{l}.q_norm       (head_dim,)          only when config.qk_norm
     layers.{l}.k_norm       (head_dim,)          only when config.qk_norm
+    layers.{l}.q_bias       (qd,)                only when config.qkv_bias
+    layers.{l}.k_bias       (kv,)                only when config.qkv_bias
+    layers.{l}.v_bias       (kv,)                only when config.qkv_bias
     layers.{l}.post_attn_norm (dim,)             only when config.post_norms
     layers.{l}.post_ffn_norm  (dim,)             only when config.post_norms
     final_norm              (dim,)
+    rope_freqs              (head_dim/2,)        only when config.rope_freqs
     lm_head                 (vocab_size, dim)    absent when config.tied_embeddings
 
 Each tensor is one of the quant types, all with ``shape``, ``dequantize()``
@@ -30,6 +34,8 @@ and ``row(i)``: ``Int8Tensor`` (GMW1: one scale per tensor), ``Q8_0Tensor``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .config import ModelConfig
 from ..errors import ModelFormatError
@@ -59,10 +65,16 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.qk_norm:
             shapes[p + "q_norm"] = (c.head_dim,)
             shapes[p + "k_norm"] = (c.head_dim,)
+        if c.qkv_bias:
+            shapes[p + "q_bias"] = (c.q_dim,)
+            shapes[p + "k_bias"] = (c.kv_dim,)
+            shapes[p + "v_bias"] = (c.kv_dim,)
         if c.post_norms:
             shapes[p + "post_attn_norm"] = (c.dim,)
             shapes[p + "post_ffn_norm"] = (c.dim,)
     shapes["final_norm"] = (c.dim,)
+    if c.rope_freqs:
+        shapes["rope_freqs"] = (c.head_dim // 2,)
     if not c.tied_embeddings:
         shapes["lm_head"] = (c.vocab_size, c.dim)
     return shapes
@@ -88,6 +100,11 @@ class Weights:
                 raise ModelFormatError(
                     f"{self.source or 'weights'}: tensor {name} has shape "
                     f"{tuple(self.tensors[name].shape)}, expected {shape}")
+        if self.config.rope_freqs:
+            factors = self.tensors["rope_freqs"].dequantize()
+            if not (np.all(np.isfinite(factors)) and np.all(factors > 0)):
+                raise ModelFormatError(f"{self.source or 'weights'}: tensor rope_freqs holds a value that is "
+                                       f"not finite and > 0 (each divides a RoPE frequency)")
 
     def __getitem__(self, name: str) -> Int8Tensor:
         return self.tensors[name]

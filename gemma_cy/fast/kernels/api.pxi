@@ -250,10 +250,11 @@ cdef bint k_all_finite(const float* x, Py_ssize_t n) noexcept nogil
 cdef void k_rmsnorm(float* out, const float* x, const float* g, Py_ssize_t n,
                     double eps, bint one_plus) noexcept nogil
 
-# cos[j], sin[j] of pos * base^(-2j/head_dim), j < head_dim/2: computed in f64
-# and rounded once to f32 (as reference.layers.rope_cos_sin).
+# cos[j], sin[j] of pos * base^(-2j/head_dim) [/ factors[j]], j < head_dim/2:
+# computed in f64 and rounded once to f32 (as reference.layers.rope_cos_sin);
+# factors (head_dim/2,) or NULL.
 cdef void k_rope_cos_sin(float* cos_out, float* sin_out, Py_ssize_t head_dim,
-                         Py_ssize_t pos, double base) noexcept nogil
+                         Py_ssize_t pos, double base, const float* factors) noexcept nogil
 
 # Rotates in place every pair (a, b) of each head of x (n_heads, head_dim):
 # (a, b) -> (a cos_j - b sin_j, a sin_j + b cos_j), pairs chosen by `pairing`.

@@ -880,11 +880,14 @@ cdef void k_rmsnorm(float* out, const float* x, const float* g, Py_ssize_t n,
 
 
 cdef void k_rope_cos_sin(float* cos_out, float* sin_out, Py_ssize_t head_dim,
-                         Py_ssize_t pos, double base) noexcept nogil:
+                         Py_ssize_t pos, double base, const float* factors) noexcept nogil:
     cdef Py_ssize_t j
-    cdef double angle
+    cdef double angle, inv_freq
     for j in range(head_dim // 2):
-        angle = pos * pow(base, -2.0 * j / head_dim)
+        inv_freq = pow(base, -2.0 * j / head_dim)
+        if factors != NULL:
+            inv_freq = inv_freq / <double> factors[j]
+        angle = pos * inv_freq
         cos_out[j] = <float> cos(angle)
         sin_out[j] = <float> sin(angle)
 

@@ -225,18 +225,26 @@ def rmsnorm(x, gain, eps, one_plus, out=None):
     return out
 
 
-def rope_cos_sin(pos, head_dim, base):
-    """(cos, sin), each (head_dim/2,) f32, of the angles pos * base^(-2j/head_dim),
-    computed in f64 and rounded once (as reference.layers.rope_cos_sin)."""
+def rope_cos_sin(pos, head_dim, base, factors=None):
+    """(cos, sin), each (head_dim/2,) f32, of the angles pos * base^(-2j/head_dim)
+    [/ factors[j]], computed in f64 and rounded once (as reference.layers.rope_cos_sin)."""
     if head_dim <= 0 or head_dim % 2:
         raise ValueError(f"rope_cos_sin: head_dim = {head_dim}, must be even and > 0")
     cos_t = np.empty(head_dim // 2, np.float32)
     sin_t = np.empty(head_dim // 2, np.float32)
     cdef float[::1] cv = cos_t, sv = sin_t
+    cdef const float[::1] fv
+    cdef const float* f = NULL
+    if factors is not None:
+        factors = np.ascontiguousarray(factors, np.float32)
+        if factors.shape != (head_dim // 2,):
+            raise ValueError(f"rope_cos_sin: factors of shape {factors.shape}, expected ({head_dim // 2},)")
+        fv = factors
+        f = &fv[0]
     cdef Py_ssize_t hd = head_dim, p = pos
     cdef double b = base
     with nogil:
-        k_rope_cos_sin(&cv[0], &sv[0], hd, p, b)
+        k_rope_cos_sin(&cv[0], &sv[0], hd, p, b, f)
     return cos_t, sin_t
 
 
