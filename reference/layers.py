@@ -64,7 +64,7 @@ class LayerWeights:
     q_bias: np.ndarray | None = None  # (qd,) when config.qkv_bias
     k_bias: np.ndarray | None = None  # (kvd,) when config.qkv_bias
     v_bias: np.ndarray | None = None  # (kvd,) when config.qkv_bias
-    rope_freqs: np.ndarray | None = None  # (hd/2,) when config.rope_freqs: the model's one array
+    rope_freqs: np.ndarray | None = None  # (rotary_dims/2,) when config.rope_freqs: the model's one array
 
 
 class Q8Matrix:
@@ -226,34 +226,45 @@ def rmsnorm(x: np.ndarray, gain: np.ndarray, eps: float, one_plus: bool) -> np.n
     return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * g
 
 
-def rope_cos_sin(pos: int, head_dim: int, base: float,
-                 freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of the angles pos * base^(-2j/hd) [/ freq_factors[j]], j < hd/2, as f32 (hd/2,).
+def rope_cos_sin(pos: int, head_dim: int, base: float, freq_factors: np.ndarray | None = None,
+                 scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the angles pos * base^(-2j/hd) [/ freq_factors[j]], j < hd/2, [times
+    scale], as f32 (hd/2,). ``head_dim`` is the rotated width (config.rotary_dims).
 
     The angles are computed in f64 and rounded once: in f32, pos * inv_freq
     loses ~pos * 6e-8 rad (1e-3 at 16k positions), which is accuracy the
     reference should not give away. The fast path may tabulate these.
     ``freq_factors`` (Llama 3's rope_freqs, docs/model.md#llama-3) divide
     each pair's frequency: 1 keeps it, 8 turns it 8 times slower.
+    ``scale`` is LongRoPE's attention factor (docs/model.md#phi-3), applied
+    in f64 before the one rounding.
     """
     j = np.arange(head_dim // 2, dtype=np.float64)  # (hd/2,)
     inv_freq = float(base) ** (-2.0 * j / head_dim)  # (hd/2,)
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors.astype(np.float64)  # (hd/2,)
     angle = pos * inv_freq  # (hd/2,)
+    if scale != 1.0:
+        return (np.cos(angle) * scale).astype(np.float32), (np.sin(angle) * scale).astype(np.float32)
     return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
 
 
-def rope(x: np.ndarray, pos: int, base: float, pairing: str,
-         freq_factors: np.ndarray | None = None) -> np.ndarray:
+def rope(x: np.ndarray, pos: int, base: float, pairing: str, freq_factors: np.ndarray | None = None,
+         rot_dims: int = 0, scale: float = 1.0) -> np.ndarray:
     """Rotate each head's pairs by pos * inv_freq_j: x (n, hd) -> (n, hd).
 
     pairing "interleaved": pair j is (x[2j], x[2j+1]) (seed, docs/model.md#the-seed-model-gmw1);
     "half_split": pair j is (x[j], x[j + hd/2]) (Gemma, HF rotate_half).
-    Pair (a, b) -> (a cos - b sin, a sin + b cos).
+    Pair (a, b) -> (a cos - b sin, a sin + b cos). With ``rot_dims`` (> 0,
+    < hd) only each head's first rot_dims values are rotated, as a head of
+    that width, and the rest pass unchanged (Phi-4-mini, docs/model.md#phi-3).
     """
+    if rot_dims and rot_dims < x.shape[-1]:
+        out = x.copy()  # (n, hd)
+        out[:, :rot_dims] = rope(x[:, :rot_dims], pos, base, pairing, freq_factors, 0, scale)
+        return out
     head_dim = x.shape[-1]
-    cos, sin = rope_cos_sin(pos, head_dim, base, freq_factors)  # (hd/2,) each
+    cos, sin = rope_cos_sin(pos, head_dim, base, freq_factors, scale)  # (hd/2,) each
     if pairing == "interleaved":
         a, b = x[:, 0::2], x[:, 1::2]  # (n, hd/2) each
     else:
@@ -332,8 +343,8 @@ def attention(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCac
         q = rmsnorm(q, w.q_norm, c.norm_eps, one_plus)  # (nh, hd)
         k = rmsnorm(k, w.k_norm, c.norm_eps, one_plus)  # (nkv, hd)
     base = c.rope_base_for(layer)
-    q = rope(q, pos, base, c.rope_pairing, w.rope_freqs)  # (nh, hd)
-    k = rope(k, pos, base, c.rope_pairing, w.rope_freqs)  # (nkv, hd)
+    q = rope(q, pos, base, c.rope_pairing, w.rope_freqs, c.rope_dims, c.rope_attn_factor)  # (nh, hd)
+    k = rope(k, pos, base, c.rope_pairing, w.rope_freqs, c.rope_dims, c.rope_attn_factor)  # (nkv, hd)
     observer(layer, "q", pos, q)
     observer(layer, "k", pos, k)
     observer(layer, "v", pos, v)

@@ -138,9 +138,29 @@ def qwen2_config():
                        bos_token_id=None, eos_token_id=0, pad_token_id=None)
 
 
-# arch -> (its transformers config, its vocabulary: "bpe" (SmolLM2's rule) or "sp" (Gemma's SentencePiece))
+def phi3_config():
+    """Phi-3 / Phi-4-mini: fused q/k/v and gate/up matrices (transformers
+    holds them fused too), RoPE over the first 3/4 of each head (Phi-4-mini's
+    partial_rotary_factor), LongRoPE with short and long factors and the
+    attention factor of a 4x longer context (the context used stays within
+    the original 512 positions, where both transformers and llama.cpp take
+    the short factors), untied lm_head."""
+    from transformers import Phi3Config
+
+    return Phi3Config(vocab_size=TOKENIZER_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      original_max_position_embeddings=512, partial_rotary_factor=0.75, rms_norm_eps=1e-5,
+                      rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                       "short_factor": [1.0, 1.3, 1.9, 2.5, 3.7, 5.0],
+                                       "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]},
+                      sliding_window=None, tie_word_embeddings=False, pad_token_id=0, eos_token_id=1,
+                      bos_token_id=2)
+
+
+# arch -> (its transformers config, its vocabulary: "bpe" (SmolLM2's rule), "sp" (Gemma's SentencePiece)
+# or "sp_llama" (SentencePiece with Llama's settings: Phi-3's))
 ARCHS = {"qwen3": (qwen3_config, "bpe"), "gemma2": (gemma2_config, "sp"), "gemma": (gemma_config, "sp"),
-         "llama3": (llama3_config, "bpe"), "qwen2": (qwen2_config, "bpe")}
+         "llama3": (llama3_config, "bpe"), "qwen2": (qwen2_config, "bpe"), "phi3": (phi3_config, "sp_llama")}
 BIAS_SCALE = 0.5  # std of the random q/k/v biases
 
 
@@ -207,9 +227,12 @@ class SPVocab:
     byte fallback, digits split, whitespace kept; pad 0, eos 1, bos 2, unk
     3, Gemma's turn markers as control pieces), trained by the
     ``sentencepiece`` trainer to TOKENIZER_VOCAB pieces on the corpus; the
-    oracle of its ids is that library (BOS first, as Gemma's files say)."""
+    oracle of its ids is that library (BOS first, as Gemma's files say).
+    ``llama_settings``: Llama 2's (and Phi-3's) instead: the dummy prefix,
+    the library's default whitespace handling kept but for runs of spaces
+    (Llama's model keeps them), and no turn markers."""
 
-    def __init__(self):
+    def __init__(self, llama_settings: bool = False):
         import io
 
         import sentencepiece as spm
@@ -220,10 +243,11 @@ class SPVocab:
         texts = [t for t in smollm2_corpus() + [text for _, text in PROMPTS] if t.strip()]
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(texts * 4), model_writer=model, vocab_size=SP_VOCAB, model_type="bpe",
-            byte_fallback=True, split_digits=True, add_dummy_prefix=False, normalization_rule_name="identity",
-            remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, character_coverage=0.98,
+            byte_fallback=True, split_digits=True, add_dummy_prefix=llama_settings,
+            normalization_rule_name="identity", remove_extra_whitespaces=False,
+            allow_whitespace_only_pieces=True, character_coverage=0.98,
             pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>",
-            unk_piece="<unk>", control_symbols=["<start_of_turn>", "<end_of_turn>"],
+            unk_piece="<unk>", control_symbols=[] if llama_settings else ["<start_of_turn>", "<end_of_turn>"],
             max_sentence_length=1 << 16, num_threads=1, minloglevel=2)
         self.proto = model.getvalue()
         self.sp = spm.SentencePieceProcessor(model_proto=self.proto)
@@ -247,7 +271,7 @@ def make_hf(arch: str, out: Path) -> None:
     torch.manual_seed(SEED)
     torch.set_num_threads(2)
     make_config, kind = ARCHS[arch]
-    tok = BPEVocab() if kind == "bpe" else SPVocab()
+    tok = BPEVocab() if kind == "bpe" else SPVocab(llama_settings=kind == "sp_llama")
     config = make_config()
     config.vocab_size = tok.size
     config.eos_token_id = tok.eos_id

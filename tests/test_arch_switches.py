@@ -132,3 +132,105 @@ def test_rope_tables_with_divisors_are_the_references(isa, pos, head_dim):
     assert pos == 0 or not np.array_equal(plain_cos, want_cos)
     with pytest.raises(ValueError, match="factors of shape"):
         kernels(isa).rope_cos_sin(pos, head_dim, 500000.0, factors[:-1])
+
+
+# ---------------------------------------------------------------- Phi-3
+
+
+def test_phi3_reads_its_fused_matrices_as_their_parts():
+    """The parts are runs of whole rows of the fused matrix: q, k, v (and
+    gate, up) equal the fused rows, for every block type the file has."""
+    for kind in ("f32", "q8_0", "q6_k"):
+        path = str(ARCH / "phi3" / f"model-{kind}.gguf")
+        w, gf = read_gguf_f32(path), parse_gguf(path)
+        c = w.config
+        assert c.rope_dims == 12 and c.rope_freqs and c.rope_pairing == "half_split"
+        assert c.max_seq_len == 512  # the original context: the short factors' range
+        assert abs(c.rope_attn_factor - (1 + np.log(4) / np.log(512)) ** 0.5) < 1e-6
+        from gemma_cy.quant.ggml import dequantize
+        for layer in range(c.n_layers):
+            t = gf.tensors[f"blk.{layer}.attn_qkv.weight"]
+            qkv = dequantize(gf.raw(t.name), t.ggml_type, t.shape)
+            got = np.concatenate([w[f"layers.{layer}.{p}"].dequantize() for p in ("q_proj", "k_proj", "v_proj")])
+            assert got.tobytes() == np.asarray(qkv, np.float32).tobytes(), (kind, layer)
+            t = gf.tensors[f"blk.{layer}.ffn_up.weight"]
+            up = dequantize(gf.raw(t.name), t.ggml_type, t.shape)
+            got = np.concatenate([w[f"layers.{layer}.{p}"].dequantize() for p in ("gate_proj", "up_proj")])
+            assert got.tobytes() == np.asarray(up, np.float32).tobytes(), (kind, layer)
+        short = gf.raw("rope_factors_short.weight").view(np.float32)
+        assert w["rope_freqs"].dequantize().tobytes() == short.tobytes()
+
+
+@pytest.mark.parametrize("drop, needle", [
+    ({"blk.1.attn_qkv.weight"}, "missing tensor 'blk.1.attn_qkv.weight'"),
+    ({"rope_factors_long.weight"}, "'rope_factors_long.weight' is missing"),
+    ({"rope_factors_short.weight"}, "'rope_factors_short.weight' is missing"),
+])
+def test_phi3_without_a_tensor_is_refused(tmp_path, drop, needle):
+    refused(copy_gguf(ARCH / "phi3" / "model-f32.gguf", tmp_path / "m.gguf", drop=drop), needle)
+
+
+def test_phi3_fused_matrix_of_the_wrong_shape_is_refused(tmp_path):
+    path = copy_gguf(ARCH / "phi3" / "model-f32.gguf", tmp_path / "m.gguf",
+                     put={"blk.0.attn_qkv.weight": np.zeros((96, 64))})
+    refused(path, "'blk.0.attn_qkv.weight'", "expected shape (128, 64)", "fused q_proj, k_proj, v_proj")
+
+
+def test_phi3_with_both_fused_and_split_matrices_is_refused(tmp_path):
+    path = copy_gguf(ARCH / "phi3" / "model-f32.gguf", tmp_path / "m.gguf",
+                     put={"blk.0.attn_k.weight": np.zeros((32, 64))})
+    refused(path, "'blk.0.attn_k.weight'", "both the model's layers.0.k_proj")
+
+
+def test_phi3_long_factors_of_the_wrong_length_are_refused(tmp_path):
+    path = copy_gguf(ARCH / "phi3" / "model-f32.gguf", tmp_path / "m.gguf",
+                     put={"rope_factors_long.weight": np.ones(8)})
+    refused(path, "'rope_factors_long.weight' is F32 with dims [8]", "F32 of 6 values each")
+
+
+def test_phi3_window_from_the_file_is_every_layers(tmp_path):
+    """transformers' Phi3 applies config.sliding_window to every layer
+    (Phi-3-mini's files say 2047); 0 means none (Phi-4-mini)."""
+    from gemma_cy.formats.gguf_config import gguf_config
+
+    gf = parse_gguf(str(ARCH / "phi3" / "model-f32.gguf"))
+    assert gguf_config(gf).sliding_window == 0
+    path = tmp_path / "w.gguf"
+    fields = dict(gf.fields)
+    fields["phi3.attention.sliding_window"] = 2047
+    write_gguf(path, fields, [TensorData(n, t.ggml_type, t.dims, np.array(gf.raw(n))) for n, t in gf.tensors.items()])
+    c = read_gguf(str(path)).config
+    assert c.sliding_window == 2047 and all(c.is_local(layer) for layer in range(c.n_layers))
+
+
+def test_convert_keeps_phi3_fused(tmp_path):
+    from gemma_cy.commands.convert import convert
+
+    out = tmp_path / "out.gguf"
+    convert(str(ARCH / "phi3" / "model-f32.gguf"), str(out))
+    gf = parse_gguf(str(out))
+    assert "blk.0.attn_qkv.weight" in gf.tensors and gf.tensors["blk.0.attn_qkv.weight"].type_name == "Q8_0"
+    assert read_gguf(str(out)).config.rope_dims == 12
+
+
+@pytest.mark.parametrize("rope_dims, needle", [(7, "rope_dims = 7"), (18, "rope_dims = 18"), (-2, "rope_dims = -2")])
+def test_rope_dims_must_fit_the_head(rope_dims, needle):
+    from gemma_cy.model.config import ModelConfig
+
+    with pytest.raises(ModelFormatError, match=needle):
+        ModelConfig(n_layers=1, dim=64, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=64, vocab_size=8,
+                    max_seq_len=8, rope_dims=rope_dims)
+
+
+@ISA
+@pytest.mark.parametrize("pairing", ["interleaved", "half_split"])
+def test_partial_rope_rotates_the_first_dims_only(isa, pairing):
+    from gemma_cy_reference.layers import rope
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    got = kernels(isa).rope(x, 37, 10000.0, pairing, rot_dims=12)
+    want = rope(x, 37, 10000.0, pairing, rot_dims=12)
+    np.testing.assert_array_equal(got[:, 12:], x[:, 12:])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # the kernel may fuse a * cos - b * sin
+    assert not np.array_equal(got[:, :12], x[:, :12])

@@ -345,7 +345,7 @@ def test_config_from_metadata_keys(tmp_path, extra, field, value):
 
 def test_unsupported_architecture(tmp_path):
     path = write_tiny(tmp_path / "bert.gguf", fields=tiny_fields(**{"general.architecture": "bert"}))
-    msg = reject(path, "architecture 'bert' is not supported", "supported: gemma, gemma2, gemma3, llama, qwen2, qwen3")
+    msg = reject(path, "architecture 'bert' is not supported", "supported: gemma, gemma2, gemma3, llama, phi3, qwen2, qwen3")
     assert msg.startswith(path)
 
 

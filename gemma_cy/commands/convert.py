@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import ModelFormatError
 from ..formats.gguf_reader import UINT32, Field, TensorInfo, parse_gguf
 from ..formats.gguf_writer import TensorData, write_gguf
-from ..formats.gguf_model import check_model_tensors, gguf_config
+from ..formats.gguf_model import check_model_file
 from ..quant.ggml import DEQUANTIZABLE, F16, F32, Q8_0, dequantize, is_exact_in_q8_0, to_q8_0
 from ..quant.types import GGML_TYPES
 
@@ -56,8 +56,7 @@ def convert(in_path, out_path, progress: Progress | None = None, matrices: str =
     if matrices not in MATRIX_TYPES:
         raise ValueError(f"matrices = {matrices!r}, expected one of {tuple(MATRIX_TYPES)}")
     gf = parse_gguf(in_path)
-    config = gguf_config(gf)
-    check_model_tensors(gf, config)
+    check_model_file(gf)
     for t in gf.tensors.values():
         if GGML_TYPES[t.ggml_type].name not in DEQUANTIZABLE:
             raise ModelFormatError(f"{gf.path}: tensor {t.name!r} is {t.type_name}; the converter reads "

@@ -367,7 +367,9 @@ cdef class FastModel:
     cdef RopePairing pairing
     cdef float embed_scale, scores_scale, attn_softcap, final_softcap  # soft-caps: 0 = off
     cdef double rope_bases[2]  # global, local (layers' rope_table)
-    cdef const float* rope_factors  # (hd/2,) divisors of the pairs' frequencies (config.rope_freqs), or NULL
+    cdef const float* rope_factors  # (rot/2,) divisors of the pairs' frequencies (config.rope_freqs), or NULL
+    cdef Py_ssize_t rot_dims  # dims of each head RoPE rotates (config.rotary_dims)
+    cdef double rope_scale  # cos and sin times this (config.rope_attn_factor)
 
     # weights
     cdef QMatrix embed_tokens  # (vocab, dim)
@@ -459,6 +461,8 @@ cdef class FastModel:
         self.rope_bases[0] = c.rope_base
         self.rope_bases[1] = c.rope_base if c.rope_base_local is None else c.rope_base_local
         self.rope_factors = _gain(weights["rope_freqs"] if c.rope_freqs else None, self._keep)
+        self.rot_dims = c.rotary_dims
+        self.rope_scale = c.rope_attn_factor
 
         tensors = weights.tensors
         if self.act_q8:
@@ -897,7 +901,8 @@ cdef class FastModel:
         for t in range(T):
             for table in range(2):
                 k_rope_cos_sin(self.rope_cos + (2 * t + table) * half, self.rope_sin + (2 * t + table) * half,
-                               self.head_dim, self.row_pos[t], self.rope_bases[table], self.rope_factors)
+                               self.rot_dims, self.row_pos[t], self.rope_bases[table], self.rope_factors,
+                               self.rope_scale)
             self.embed(self.x + t * dim, ids[t], self.row_pos[t])  # (dim,)
             self.bad_at[t] = ALL_FINITE if k_all_finite(self.x + t * dim, dim) else -1
         self.observe(0, self.x, dim)
@@ -974,7 +979,7 @@ cdef class FastModel:
         position t of the block (table 0: global base, 1: local base)."""
         cdef Py_ssize_t half = self.head_dim // 2
         k_rope_apply(x, self.rope_cos + (2 * t + table) * half, self.rope_sin + (2 * t + table) * half,
-                     n_heads, self.head_dim, self.pairing)
+                     n_heads, self.head_dim, self.rot_dims, self.pairing)
 
     cdef inline void matmul(self, float* out, const QMatrix* w, const float* x, Py_ssize_t T) noexcept nogil:
         """out (T, w.rows) = x (T, w.cols) . w^T; in q8 mode x is quantized to

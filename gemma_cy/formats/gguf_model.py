@@ -1,13 +1,13 @@
-"""GGUF files as models (Gemma 1, 2 and 3, Llama, Qwen 3): metadata -> ``ModelConfig``
-(``gguf_config``), llama.cpp tensor names -> ``Weights`` names, the checks a
+"""GGUF files as models (Gemma 1, 2 and 3, Llama, Phi-3, Qwen 2 and 3): metadata -> ``ModelConfig``
+(``gguf_config``, from gemma_cy.formats.gguf_config), llama.cpp tensor names -> ``Weights`` names, the checks a
 model's tensor set must pass, and ``read_gguf`` / ``read_gguf_f32``
 (docs/formats.md#architectures). ``read_gguf`` keeps every weight the file
 holds: Q8_0 matrices as views of the map, the other integer block types laid
 out once at load, exactly (docs/numerics.md#weights-as-stored)."""
 from __future__ import annotations
 
-import math
 import re
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -20,9 +20,8 @@ from ..quant.types import GGML_TYPE_IDS
 from ..quant.ggml import BF16, F16, Q4_1, Q5_0, Q4_1Tensor, Q5_0Tensor, dequantize, is_exact_in_q8_0, to_q8_0
 from ..quant.tensors import Q8_0_BLOCK, Q8_0_BYTES, F32Tensor, Q8_0Tensor
 from .mapped import release_pages
-from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, Q8_0_ID, STRING, VALUE_TYPE_NAMES, GGUFFile, StringArray, close_quietly, parse_gguf, type_name)
-
-SUPPORTED_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "llama", "qwen2", "qwen3")
+from .gguf_config import ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, gguf_config
+from .gguf_reader import F32_ID, Q8_0_ID, GGUFFile, close_quietly, parse_gguf
 
 # llama.cpp tensor names -> Weights names (gemma_cy.model.weights); per layer
 # "blk.{l}.<key>.weight" -> "layers.{l}.<value>"
@@ -36,25 +35,21 @@ LAYER_TENSOR_NAMES = {
     "attn_q_norm": "q_norm", "attn_k_norm": "k_norm",
 }
 LAYER_BIAS_NAMES = {"attn_q": "q_bias", "attn_k": "k_bias", "attn_v": "v_bias"}  # "blk.{l}.<key>.bias"
+# Phi-3's fused matrices (docs/model.md#phi-3): "blk.{l}.<key>.weight" holds
+# these parts' rows one after the other; each part is read as "<name>[<part>]".
+FUSED_PARTS = {"attn_qkv": ("q_proj", "k_proj", "v_proj"), "ffn_up": ("gate_proj", "up_proj")}
+_PART = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.weight\[([a-z_]+)\]")
 _LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.(weight|bias)")
-
-# Gemma 3 values the GGUF metadata does not carry (llama.cpp hard-codes them
-# for the architecture too): local RoPE base, and the layer pattern (5 local
-# layers then 1 global).
-GEMMA3_ROPE_BASE_LOCAL = 10000.0
-GEMMA3_SLIDING_WINDOW_PATTERN = 6
-GEMMA3_ROPE_BASE = 1_000_000.0  # HF Gemma3TextConfig.rope_theta, if freq_base is absent
-GEMMA3_27B_LAYERS = 62  # the one size whose query_pre_attn_scalar is dim // n_heads
-# Gemma 2's, where its GGUF is silent (llama.cpp's values for the architecture).
-GEMMA2_27B_LAYERS = 46  # the one size whose query_pre_attn_scalar is dim // n_heads
-GEMMA2_SLIDING_WINDOW, GEMMA2_SLIDING_WINDOW_PATTERN = 4096, 2
-GEMMA2_ATTN_SOFTCAP, GEMMA2_FINAL_SOFTCAP = 50.0, 30.0
-
 
 def tensor_name(gguf_name: str, n_layers: int) -> str | None:
     """The Weights name of a llama.cpp tensor name, or None if it has none."""
     if gguf_name in GLOBAL_TENSOR_NAMES:
         return GLOBAL_TENSOR_NAMES[gguf_name]
+    if gguf_name == ROPE_FACTORS_SHORT:
+        return "rope_freqs"
+    part = _PART.fullmatch(gguf_name)
+    if part and int(part.group(1)) < n_layers and part.group(3) in FUSED_PARTS.get(part.group(2), ()):
+        return f"layers.{part.group(1)}.{part.group(3)}"
     m = _LAYER_NAME.fullmatch(gguf_name)
     names = LAYER_TENSOR_NAMES if m and m.group(3) == "weight" else LAYER_BIAS_NAMES
     if m and int(m.group(1)) < n_layers and m.group(2) in names:
@@ -75,287 +70,35 @@ def gguf_tensor_name(weights_name: str) -> str:
     raise KeyError(weights_name)
 
 
-class _Meta:
-    """Typed access to one architecture's metadata keys, with messages."""
-
-    def __init__(self, gf: GGUFFile, arch: str) -> None:
-        self.gf, self.arch = gf, arch
-
-    def fail(self, message: str) -> ModelFormatError:
-        return ModelFormatError(f"{self.gf.path}: {message}")
-
-    def int(self, key: str, default: int | None = None, *, low: int = 1) -> int:
-        full = key.format(arch=self.arch)
-        f = self.gf.fields.get(full)
-        if f is None:
-            if default is None:
-                raise self.fail(f"metadata {full} is missing")
-            return default
-        if f.type not in INTEGER_TYPES:
-            raise self.fail(f"metadata {full}: type {type_name(f)}, expected an integer")
-        if f.value < low:
-            raise self.fail(f"metadata {full}: found {f.value}, must be >= {low}")
-        return int(f.value)
-
-    def float(self, key: str, default: float) -> float:
-        full = key.format(arch=self.arch)
-        f = self.gf.fields.get(full)
-        if f is None:
-            return default
-        if f.type not in FLOAT_TYPES:
-            raise self.fail(f"metadata {full}: type {type_name(f)}, expected a float")
-        return float(f.value)
-
-
-def gguf_config(gf: GGUFFile) -> ModelConfig:
-    """The ModelConfig of a parsed GGUF file (architectures in SUPPORTED_ARCHITECTURES).
-
-    All: sizes (``{arch}.*``), eps, RoPE base (``rope.freq_base``), bos/eos
-    ids from ``tokenizer.ggml.*``; vocab_size is the embedding's row count;
-    no position table; tied embeddings when there is no ``output.weight``.
-    The architecture's own switches: ``_gemma_switches``, ``_gemma2_switches``, ``_gemma3_switches``,
-    ``_llama_switches``, ``_qwen2_switches``, ``_qwen3_switches``.
-    """
-    arch_field = gf.fields.get("general.architecture")
-    if arch_field is None or arch_field.type != STRING:
-        raise ModelFormatError(f"{gf.path}: metadata general.architecture is missing or not a string")
-    arch = arch_field.value
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelFormatError(f"{gf.path}: architecture {arch!r} is not supported "
-                               f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    m = _Meta(gf, arch)
-    emb = gf.tensors.get("token_embd.weight")
-    if emb is None or len(emb.dims) != 2:
-        raise ModelFormatError(f"{gf.path}: tensor token_embd.weight is missing or not 2-D")
-    n_layers = m.int("{arch}.block_count")
-    if n_layers > len(gf.tensors):  # bounds every loop over layers below
-        raise m.fail(f"metadata {arch}.block_count = {n_layers}, but the file holds only "
-                     f"{len(gf.tensors)} tensors")
-    dim = m.int("{arch}.embedding_length")
-    n_heads = m.int("{arch}.attention.head_count")
-    head_dim = m.int("{arch}.attention.key_length", default=dim // n_heads)
-    value_len = m.int("{arch}.attention.value_length", default=head_dim)
-    if value_len != head_dim:
-        raise m.fail(f"metadata {arch}.attention.value_length = {value_len} differs from key_length "
-                     f"= {head_dim}; one head_dim is supported")
-    scaling = gf.value(f"{arch}.rope.scaling.type", "none")
-    factor = m.float("{arch}.rope.scaling.factor", 1.0)
-    if scaling not in ("none", "linear") or (scaling == "linear" and factor != 1.0):
-        raise m.fail(f"metadata {arch}.rope.scaling: {scaling} x {factor} is not supported "
-                     f"(no RoPE scaling: Gemma 3 270M and 1B, SmolLM2)")
-    special = {}
-    for key in ("bos", "eos", "eot"):
-        f = gf.fields.get(f"tokenizer.ggml.{key}_token_id")
-        if f is not None and f.type not in INTEGER_TYPES:
-            raise m.fail(f"metadata tokenizer.ggml.{key}_token_id: type {type_name(f)}, expected an integer")
-        special[key] = None if f is None else int(f.value)
-    vocab_size = emb.dims[1]
-    _check_vocab_metadata(gf, vocab_size)
-    switches = {"gemma": _gemma_switches, "gemma2": _gemma2_switches, "gemma3": _gemma3_switches,
-                "llama": _llama_switches, "qwen2": _qwen2_switches, "qwen3": _qwen3_switches}[arch](gf, m, n_layers, dim, n_heads, head_dim)
-    eos_ids = [special["eos"], special["eot"]] + switches.pop("extra_eos_ids")
-    try:
-        return ModelConfig(
-            n_layers=n_layers, dim=dim, n_heads=n_heads,
-            n_kv_heads=m.int("{arch}.attention.head_count_kv", default=n_heads),
-            head_dim=head_dim, mlp_dim=m.int("{arch}.feed_forward_length"),
-            vocab_size=vocab_size, max_seq_len=m.int("{arch}.context_length"),
-            position_table=False,
-            tied_embeddings="output.weight" not in gf.tensors,
-            bos_id=special["bos"],
-            eos_ids=tuple(sorted({i for i in eos_ids if i is not None})),
-            **switches)
-    except ModelFormatError as e:
-        raise ModelFormatError(f"{gf.path}: {e}") from None
-
-
-def _gemma3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
-                     head_dim: int) -> dict:
-    """Gemma 3's ModelConfig switches.
-
-    From metadata: RoPE global base (``rope.freq_base``; the local base from
-    ``rope.freq_base_swa``), eps, sliding window (required and at least 1,
-    as llama.cpp requires it: a window of 0 would run every layer with full
-    attention, another model), soft-caps if present.
-    Derived where the file says nothing (as llama.cpp does): local RoPE base
-    10000, pattern 6 (layer l global when (l+1) % 6 == 0), query scale
-    1/sqrt(query_pre_attn_scalar) with the scalar = head_dim (dim // n_heads
-    for the 62-layer 27B), embed_scale = f32(sqrt(dim)), GELU-tanh,
-    half-split RoPE, q/k-norm, sandwich norms. End of turn
-    (``<end_of_turn>``, when ``tokenizer.ggml.eot_token_id`` is absent) is an
-    eos id too.
-
-    Norm gains: llama.cpp's converter stores Gemma's RMSNorm weights as
-    1 + w (its ``norm_shift``), so the gain is used as stored: "plain". (In
-    this file every norm value minus 1 is exactly a bf16, the checkpoint's
-    dtype: the +1 was added in f32 after reading bf16 w, the same f32 value
-    HF computes as ``1.0 + weight.float()``.)
-    """
-    window = m.int("{arch}.attention.sliding_window")  # required, >= 1: every Gemma 3 has local layers
-    pattern = _swa_pattern(gf, m, m.arch, n_layers)
-    pre_attn_scalar = dim // n_heads if n_layers == GEMMA3_27B_LAYERS else head_dim
-    has_eot = "tokenizer.ggml.eot_token_id" in gf.fields
-    return dict(
-        activation="gelu_tanh", rope_pairing="half_split",
-        rope_base=m.float("{arch}.rope.freq_base", GEMMA3_ROPE_BASE),
-        rope_base_local=m.float("{arch}.rope.freq_base_swa", GEMMA3_ROPE_BASE_LOCAL),
-        norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-        norm_gain="plain", embed_scale=float(np.float32(math.sqrt(dim))),
-        qk_norm=True, post_norms=True,
-        query_scale=1.0 / math.sqrt(pre_attn_scalar),
-        sliding_window=window, sliding_window_pattern=pattern,
-        attn_softcap=m.float("{arch}.attn_logit_softcapping", 0.0),
-        final_softcap=m.float("{arch}.final_logit_softcapping", 0.0),
-        extra_eos_ids=[] if has_eot else [_token_id(gf, "<end_of_turn>")])
-
-
-def _gemma_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
-                    head_dim: int) -> dict:
-    """Gemma (1)'s ModelConfig switches (docs/model.md#gemma-1): GELU-tanh
-    gating, RMSNorm gains stored as 1 + w ("plain"), embedding times f32
-    sqrt(dim), half-split RoPE with ``rope.freq_base`` (10000) on every
-    layer, scores scaled by 1/sqrt(head_dim); no q/k norm, no sandwich
-    norms, no window, no soft-caps. End of turn joins the eos ids as for
-    Gemma 3."""
-    has_eot = "tokenizer.ggml.eot_token_id" in gf.fields
-    rope_base = m.float("{arch}.rope.freq_base", 10000.0)
-    return dict(
-        activation="gelu_tanh", rope_pairing="half_split", rope_base=rope_base, rope_base_local=rope_base,
-        norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-        norm_gain="plain", embed_scale=float(np.float32(math.sqrt(dim))),
-        qk_norm=False, post_norms=False, query_scale=1.0 / math.sqrt(head_dim),
-        extra_eos_ids=[] if has_eot else [_token_id(gf, "<end_of_turn>")])
-
-
-def _gemma2_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
-                     head_dim: int) -> dict:
-    """Gemma 2's ModelConfig switches (docs/model.md#gemma-2): Gemma 1's
-    block with sandwich norms, a sliding window on every other layer
-    (``attention.sliding_window``, 4096; pattern 2: layer l global when l
-    is odd; ``rope.freq_base_swa`` defaults to the one base), soft-caps on
-    the attention scores and the logits (``attn_logit_softcapping`` 50,
-    ``final_logit_softcapping`` 30), and queries scaled by
-    1/sqrt(query_pre_attn_scalar), which the GGUF does not carry: head_dim,
-    or dim // n_heads for the 46-layer 27B (llama.cpp's rule)."""
-    gemma = _gemma_switches(gf, m, n_layers, dim, n_heads, head_dim)
-    scalar = dim // n_heads if n_layers == GEMMA2_27B_LAYERS else head_dim
-    return {**gemma, "post_norms": True, "query_scale": 1.0 / math.sqrt(scalar),
-            "rope_base_local": m.float("{arch}.rope.freq_base_swa", gemma["rope_base"]),
-            "sliding_window": m.int("{arch}.attention.sliding_window", default=GEMMA2_SLIDING_WINDOW),
-            "sliding_window_pattern": _swa_pattern(gf, m, m.arch, n_layers, GEMMA2_SLIDING_WINDOW_PATTERN),
-            "attn_softcap": m.float("{arch}.attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP),
-            "final_softcap": m.float("{arch}.final_logit_softcapping", GEMMA2_FINAL_SOFTCAP)}
-
-
-def _llama_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
-                    head_dim: int) -> dict:
-    """Llama's ModelConfig switches (SmolLM2 is one): SiLU gating, plain
-    RMSNorm gains (no +1), embedding unscaled, no q/k-norm, no post-norms, no
-    sliding window, scores scaled by 1/sqrt(head_dim).
-
-    RoPE pairs are interleaved, (2j, 2j+1): llama.cpp's converter permutes
-    the rows of each q and k head from HF's half-split layout so that its own
-    adjacent-pair RoPE applies (HF's GGUF loader undoes the permutation and
-    rotates half-split: the same function). RoPE must cover the whole head
-    (``rope.dimension_count`` == head_dim). Llama 3's RoPE scaling is the
-    ``rope_freqs`` tensor the converter writes (one divisor per pair of a
-    head, docs/model.md#llama-3); a file that holds it runs with it.
-    """
-    _check_whole_head_rope(m, head_dim)
-    return dict(
-        activation="silu", rope_pairing="interleaved", rope_freqs="rope_freqs.weight" in gf.tensors,
-        rope_base=m.float("{arch}.rope.freq_base", 10000.0),
-        norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-5),
-        norm_gain="plain", embed_scale=1.0, qk_norm=False, post_norms=False,
-        query_scale=1.0 / math.sqrt(head_dim), extra_eos_ids=[])
-
-
-def _qwen2_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
-                    head_dim: int) -> dict:
-    """Qwen 2 (and 2.5)'s ModelConfig switches: Llama's block with a bias
-    added to q, k and v after their projections (``attn_{q,k,v}.bias``; no
-    bias on the output projection), RoPE on half-split pairs (llama.cpp's
-    NEOX rotation, as for Qwen 3), and Qwen's defaults of RoPE base and eps.
-    No RoPE scaling (a ``rope_freqs`` tensor is refused as unexpected)."""
-    return {**_llama_switches(gf, m, n_layers, dim, n_heads, head_dim),
-            "rope_pairing": "half_split", "qkv_bias": True, "rope_freqs": False,
-            "rope_base": m.float("{arch}.rope.freq_base", 1_000_000.0),
-            "norm_eps": m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6)}
-
-
-def _qwen3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
-                    head_dim: int) -> dict:
-    """Qwen 3's (dense) ModelConfig switches: Llama's block (SiLU gating,
-    plain RMSNorm gains, embedding unscaled, no post-norms, no window) with
-    an RMSNorm over each head of q and k before RoPE (gains as stored: HF's
-    Qwen3RMSNorm is x * w), RoPE on half-split pairs (llama.cpp's NEOX
-    rotation: its converter leaves Qwen's q and k rows as HF has them),
-    scores scaled by 1/sqrt(head_dim), head_dim from ``attention.key_length``
-    (128 in every released size, not dim / n_heads), and its own defaults
-    of RoPE base and eps. RoPE must cover the whole head."""
-    return {**_llama_switches(gf, m, n_layers, dim, n_heads, head_dim),
-            "rope_pairing": "half_split", "qk_norm": True, "rope_freqs": False,
-            "rope_base": m.float("{arch}.rope.freq_base", 1_000_000.0),
-            "norm_eps": m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6)}
-
-
-def _check_whole_head_rope(m: _Meta, head_dim: int) -> None:
-    """``rope.dimension_count`` (default head_dim) must be head_dim: no partial RoPE."""
-    rot = m.int("{arch}.rope.dimension_count", default=head_dim)
-    if rot != head_dim:
-        raise m.fail(f"metadata {m.arch}.rope.dimension_count = {rot} differs from head_dim = {head_dim}; "
-                     f"partial RoPE is not supported")
-
-
-def _swa_pattern(gf: GGUFFile, m: _Meta, arch: str, n_layers: int,
-                 default: int = GEMMA3_SLIDING_WINDOW_PATTERN) -> int:
-    """Sliding-window period: the metadata's (an int, or one bool per layer,
-    True = sliding) if present, else the architecture's (Gemma 3's 6)."""
-    key = f"{arch}.attention.sliding_window_pattern"
-    f = gf.fields.get(key)
-    if f is None:
-        return default
-    if f.type != ARRAY:
-        return m.int("{arch}.attention.sliding_window_pattern")
-    if f.item_type != BOOL or len(f.value) != n_layers:
-        raise m.fail(f"metadata {key}: expected {n_layers} BOOLs, found {len(f.value)} of "
-                     f"{VALUE_TYPE_NAMES[f.item_type]}")
-    local = [bool(v) for v in f.value]
-    for p in range(1, n_layers + 2):
-        if local == [(l + 1) % p != 0 for l in range(n_layers)]:
-            return p
-    raise m.fail(f"metadata {key}: the per-layer pattern is not periodic (every p-th layer "
-                 f"global), which gemma-cy cannot express")
-
-
-def _check_vocab_metadata(gf: GGUFFile, vocab_size: int) -> None:
-    """The tokenizer arrays hold one entry per embedding row; special ids are
-    in the vocabulary (docs/errors.md#case-12)."""
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
-        f = gf.fields.get(key)
-        if f is None:
+def split_fused(gf: GGUFFile, config: ModelConfig) -> None:
+    """Phi-3's fused matrices as their parts: ``blk.{l}.attn_qkv.weight``
+    (q_dim + 2 kv_dim rows) becomes ``...[q_proj]``, ``[k_proj]``,
+    ``[v_proj]`` and ``blk.{l}.ffn_up.weight`` (2 mlp_dim rows: gate, then
+    up) ``[gate_proj]``, ``[up_proj]``, each a run of whole rows of the
+    file (so every block type reads as is), entered in ``gf.tensors`` in
+    place of the whole; LongRoPE's long factors leave it (checked by
+    ``_phi3_switches``). A fused matrix of the wrong shape is refused by
+    name."""
+    c = config
+    rows = {"q_proj": c.q_dim, "k_proj": c.kv_dim, "v_proj": c.kv_dim, "gate_proj": c.mlp_dim, "up_proj": c.mlp_dim}
+    gf.tensors.pop(ROPE_FACTORS_LONG, None)
+    for name in list(gf.tensors):
+        m = _LAYER_NAME.fullmatch(name)
+        if not (m and m.group(3) == "weight" and m.group(2) in FUSED_PARTS):
             continue
-        if f.type != ARRAY:
-            raise ModelFormatError(f"{gf.path}: metadata {key}: type {type_name(f)}, expected an array")
-        if len(f.value) != vocab_size:
-            raise ModelFormatError(f"{gf.path}: metadata {key}: {len(f.value)} entries, expected "
-                                   f"vocab_size = {vocab_size} (rows of token_embd.weight)")
-    for key in ("bos", "eos", "eot", "unknown", "padding", "sep", "cls", "mask"):
-        full = f"tokenizer.ggml.{key}_token_id"
-        f = gf.fields.get(full)
-        if f is None:
-            continue
-        if f.type not in INTEGER_TYPES or not 0 <= f.value < vocab_size:
-            raise ModelFormatError(f"{gf.path}: metadata {full} = {f.value!r}, must be an id in "
-                                   f"[0, {vocab_size})")
-
-
-def _token_id(gf: GGUFFile, piece: str) -> int | None:
-    """The first id of ``piece`` in the file's vocabulary, or None."""
-    tokens = gf.value("tokenizer.ggml.tokens")
-    if not isinstance(tokens, StringArray):
-        return None
-    return tokens.index_of(piece.encode("utf-8"))
+        t = gf.tensors[name]
+        parts = FUSED_PARTS[m.group(2)]
+        want = (sum(rows[p] for p in parts), c.dim)
+        if t.shape != want:
+            raise ModelFormatError(f"{gf.path}: tensor {name!r} has dims {list(t.dims)} (shape {t.shape}), expected "
+                                   f"shape {want}: the fused {', '.join(parts)} rows")
+        row_bytes = t.nbytes // t.shape[0]
+        first = 0
+        del gf.tensors[name]
+        for p in parts:
+            gf.tensors[f"{name}[{p}]"] = replace(t, name=f"{name}[{p}]", dims=(c.dim, rows[p]),
+                                                 offset=t.offset + first * row_bytes, nbytes=rows[p] * row_bytes)
+            first += rows[p]
 
 
 def check_model_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, str]:
@@ -374,11 +117,40 @@ def check_model_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, str]:
             raise ModelFormatError(
                 f"{gf.path}: tensor {g!r} has dims {list(t.dims)} (shape {t.shape}), expected shape "
                 f"{shapes[w]} from the metadata")
+        if w in names.values():
+            first = next(k for k, v in names.items() if v == w)
+            raise ModelFormatError(f"{gf.path}: tensors {first!r} and {g!r} are both the model's {w}")
         names[g] = w
     missing = sorted(set(shapes) - set(names.values()))
     if missing:
-        raise ModelFormatError(f"{gf.path}: missing tensor {gguf_tensor_name(missing[0])!r}")
+        raise ModelFormatError(f"{gf.path}: missing tensor {_file_name(gf, missing[0])!r}")
     return names
+
+
+def check_model_file(gf: GGUFFile) -> ModelConfig:
+    """The file's ModelConfig, its tensor set checked as ``_read_model``
+    checks it (a Phi-3 file's fused matrices split on a copy of the tensor
+    table; ``gf`` is left as it is): for tools that copy the file's tensors
+    as they are (``gemma_cy.commands.convert``)."""
+    config = gguf_config(gf)
+    view = replace(gf, tensors=dict(gf.tensors))
+    if gf.value("general.architecture") == "phi3":
+        split_fused(view, config)
+    check_model_tensors(view, config)
+    return config
+
+
+def _file_name(gf: GGUFFile, weights_name: str) -> str:
+    """The file's name of a Weights tensor: the fused matrix that holds it in
+    a Phi-3 file (``split_fused``), else llama.cpp's name."""
+    if gf.value("general.architecture") == "phi3":
+        if weights_name == "rope_freqs":
+            return ROPE_FACTORS_SHORT
+        _, layer, short = weights_name.split(".") if weights_name.startswith("layers.") else ("", "", "")
+        key = next((k for k, parts in FUSED_PARTS.items() if short in parts), None)
+        if key is not None:
+            return f"blk.{layer}.{key}.weight"
+    return gguf_tensor_name(weights_name)
 
 
 def _read_model(path, tensor: Callable[[GGUFFile, str], object], keep_map: bool) -> Weights:
@@ -390,6 +162,8 @@ def _read_model(path, tensor: Callable[[GGUFFile, str], object], keep_map: bool)
     gf = path if isinstance(path, GGUFFile) else parse_gguf(path)
     try:
         config = gguf_config(gf)
+        if gf.value("general.architecture") == "phi3":
+            split_fused(gf, config)
         tensors = {w: tensor(gf, g) for g, w in check_model_tensors(gf, config).items()}
         weights = Weights(config=config, tensors=tensors, source=gf.path, keepalive=[gf.mm] if keep_map else [],
                           architecture=str(gf.value("general.architecture")))

@@ -46,6 +46,8 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE
     qkv_bias: bool = False  # Qwen 2: a bias added to q, k and v after their projections
     rope_freqs: bool = False  # Llama 3: the "rope_freqs" tensor divides pair j's frequency, every layer
+    rope_dims: int = 0  # dims of each head RoPE rotates (the first ones); 0 = all (Phi-4-mini: 3/4)
+    rope_attn_factor: float = 1.0  # LongRoPE: cos and sin multiplied by it
     post_norms: bool = False  # sandwich norms after attention and MLP
     query_scale: float | None = None  # scores *= this; None = 1/sqrt(head_dim)
     sliding_window: int = 0  # local layers attend to the last N positions; 0 = off
@@ -76,6 +78,11 @@ class ModelConfig:
         if self.query_scale is not None:
             return self.query_scale
         return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def rotary_dims(self) -> int:
+        """Dims of each head RoPE rotates: rope_dims, or head_dim when 0."""
+        return self.rope_dims or self.head_dim
 
     def is_local(self, layer: int) -> bool:
         """True when ``layer`` uses sliding-window attention."""
@@ -111,13 +118,17 @@ class ModelConfig:
                 f"config: n_heads = {self.n_heads} is not a multiple of n_kv_heads = {self.n_kv_heads}")
         if self.head_dim % 2 != 0:
             raise ModelFormatError(f"config: head_dim = {self.head_dim}, must be even (RoPE pairs)")
+        if (not isinstance(self.rope_dims, int) or isinstance(self.rope_dims, bool) or self.rope_dims < 0
+                or self.rope_dims % 2 or self.rope_dims > self.head_dim):
+            raise ModelFormatError(f"config: rope_dims = {self.rope_dims!r}, must be even and in [0, head_dim = "
+                                   f"{self.head_dim}] (0 = the whole head)")
         if self.activation not in GATE_ACTIVATIONS:
             raise ModelFormatError(f"config: activation = {self.activation!r}, expected one of {GATE_ACTIVATIONS}")
         if self.rope_pairing not in ROPE_PAIRINGS:
             raise ModelFormatError(f"config: rope_pairing = {self.rope_pairing!r}, expected one of {ROPE_PAIRINGS}")
         if self.norm_gain not in NORM_GAINS:
             raise ModelFormatError(f"config: norm_gain = {self.norm_gain!r}, expected one of {NORM_GAINS}")
-        for name in ("rope_base", "norm_eps", "embed_scale"):
+        for name in ("rope_base", "norm_eps", "embed_scale", "rope_attn_factor"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ModelFormatError(f"config: {name} = {value!r}, must be finite and > 0")

@@ -22,7 +22,7 @@ qd = n_heads*head_dim):
     layers.{l}.post_attn_norm (dim,)             only when config.post_norms
     layers.{l}.post_ffn_norm  (dim,)             only when config.post_norms
     final_norm              (dim,)
-    rope_freqs              (head_dim/2,)        only when config.rope_freqs
+    rope_freqs              (rotary_dims/2,)     only when config.rope_freqs
     lm_head                 (vocab_size, dim)    absent when config.tied_embeddings
 
 Each tensor is one of the quant types, all with ``shape``, ``dequantize()``
@@ -74,7 +74,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "post_ffn_norm"] = (c.dim,)
     shapes["final_norm"] = (c.dim,)
     if c.rope_freqs:
-        shapes["rope_freqs"] = (c.head_dim // 2,)
+        shapes["rope_freqs"] = (c.rotary_dims // 2,)
     if not c.tied_embeddings:
         shapes["lm_head"] = (c.vocab_size, c.dim)
     return shapes

@@ -252,14 +252,16 @@ cdef void k_rmsnorm(float* out, const float* x, const float* g, Py_ssize_t n,
 
 # cos[j], sin[j] of pos * base^(-2j/head_dim) [/ factors[j]], j < head_dim/2:
 # computed in f64 and rounded once to f32 (as reference.layers.rope_cos_sin);
-# factors (head_dim/2,) or NULL.
+# factors (head_dim/2,) or NULL; each multiplied by scale in f64 before the
+# rounding (LongRoPE's attention factor; 1 = none). head_dim: the rotated width.
 cdef void k_rope_cos_sin(float* cos_out, float* sin_out, Py_ssize_t head_dim,
-                         Py_ssize_t pos, double base, const float* factors) noexcept nogil
+                         Py_ssize_t pos, double base, const float* factors, double scale) noexcept nogil
 
-# Rotates in place every pair (a, b) of each head of x (n_heads, head_dim):
-# (a, b) -> (a cos_j - b sin_j, a sin_j + b cos_j), pairs chosen by `pairing`.
+# Rotates in place every pair (a, b) of the first rot_dims values of each head
+# of x (n_heads, head_dim): (a, b) -> (a cos_j - b sin_j, a sin_j + b cos_j),
+# pairs chosen by `pairing` within those rot_dims; the rest pass unchanged.
 cdef void k_rope_apply(float* x, const float* cos_t, const float* sin_t, Py_ssize_t n_heads,
-                       Py_ssize_t head_dim, RopePairing pairing) noexcept nogil
+                       Py_ssize_t head_dim, Py_ssize_t rot_dims, RopePairing pairing) noexcept nogil
 
 # Stable softmax of x (n,) in place: exp(x - max) / sum, the sum in f64.
 cdef void k_softmax(float* x, Py_ssize_t n) noexcept nogil

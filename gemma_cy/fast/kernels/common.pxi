@@ -880,7 +880,7 @@ cdef void k_rmsnorm(float* out, const float* x, const float* g, Py_ssize_t n,
 
 
 cdef void k_rope_cos_sin(float* cos_out, float* sin_out, Py_ssize_t head_dim,
-                         Py_ssize_t pos, double base, const float* factors) noexcept nogil:
+                         Py_ssize_t pos, double base, const float* factors, double scale) noexcept nogil:
     cdef Py_ssize_t j
     cdef double angle, inv_freq
     for j in range(head_dim // 2):
@@ -888,13 +888,17 @@ cdef void k_rope_cos_sin(float* cos_out, float* sin_out, Py_ssize_t head_dim,
         if factors != NULL:
             inv_freq = inv_freq / <double> factors[j]
         angle = pos * inv_freq
-        cos_out[j] = <float> cos(angle)
-        sin_out[j] = <float> sin(angle)
+        if scale != 1.0:
+            cos_out[j] = <float> (cos(angle) * scale)
+            sin_out[j] = <float> (sin(angle) * scale)
+        else:
+            cos_out[j] = <float> cos(angle)
+            sin_out[j] = <float> sin(angle)
 
 
 cdef void k_rope_apply(float* x, const float* cos_t, const float* sin_t, Py_ssize_t n_heads,
-                       Py_ssize_t head_dim, RopePairing pairing) noexcept nogil:
-    cdef Py_ssize_t half = head_dim // 2, h, j, ia, ib
+                       Py_ssize_t head_dim, Py_ssize_t rot_dims, RopePairing pairing) noexcept nogil:
+    cdef Py_ssize_t half = rot_dims // 2, h, j, ia, ib
     cdef float a, b
     cdef float* head
     for h in range(n_heads):

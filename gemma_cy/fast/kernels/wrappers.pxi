@@ -225,9 +225,10 @@ def rmsnorm(x, gain, eps, one_plus, out=None):
     return out
 
 
-def rope_cos_sin(pos, head_dim, base, factors=None):
+def rope_cos_sin(pos, head_dim, base, factors=None, scale=1.0):
     """(cos, sin), each (head_dim/2,) f32, of the angles pos * base^(-2j/head_dim)
-    [/ factors[j]], computed in f64 and rounded once (as reference.layers.rope_cos_sin)."""
+    [/ factors[j]], [times scale,] computed in f64 and rounded once (as
+    reference.layers.rope_cos_sin)."""
     if head_dim <= 0 or head_dim % 2:
         raise ValueError(f"rope_cos_sin: head_dim = {head_dim}, must be even and > 0")
     cos_t = np.empty(head_dim // 2, np.float32)
@@ -242,24 +243,28 @@ def rope_cos_sin(pos, head_dim, base, factors=None):
         fv = factors
         f = &fv[0]
     cdef Py_ssize_t hd = head_dim, p = pos
-    cdef double b = base
+    cdef double b = base, sc = scale
     with nogil:
-        k_rope_cos_sin(&cv[0], &sv[0], hd, p, b, f)
+        k_rope_cos_sin(&cv[0], &sv[0], hd, p, b, f, sc)
     return cos_t, sin_t
 
 
 _PAIRINGS = {"interleaved": ROPE_INTERLEAVED, "half_split": ROPE_HALF_SPLIT}
 
 
-def rope(x, pos, base, pairing, out=None):
+def rope(x, pos, base, pairing, out=None, rot_dims=0):
     """Each head of x (n_heads, head_dim) f32 with its pairs (a, b) rotated to
     (a cos - b sin, a sin + b cos) by pos * base^(-2j/head_dim); pairing
-    "interleaved" (2j, 2j+1) or "half_split" (j, j + head_dim/2). out=x rotates
-    in place. Returns out."""
+    "interleaved" (2j, 2j+1) or "half_split" (j, j + head_dim/2); rot_dims > 0:
+    only the first rot_dims values of each head, as a head of that width. out=x
+    rotates in place. Returns out."""
     _array(x, "x", np.float32, (2,))
     if pairing not in _PAIRINGS:
         raise ValueError(f"rope: pairing = {pairing!r}, expected one of {tuple(_PAIRINGS)}")
-    cos_t, sin_t = rope_cos_sin(pos, x.shape[1], base)
+    cdef Py_ssize_t rot = rot_dims or x.shape[1]
+    if rot % 2 or not 0 < rot <= x.shape[1]:
+        raise ValueError(f"rope: rot_dims = {rot_dims}, must be even and in [0, {x.shape[1]}]")
+    cos_t, sin_t = rope_cos_sin(pos, rot, base)
     out = _out(out, x.shape, (x,))
     if out is not x:
         out[...] = x
@@ -268,7 +273,7 @@ def rope(x, pos, base, pairing, out=None):
     cdef RopePairing kind = _PAIRINGS[pairing]
     if ov.shape[0]:
         with nogil:
-            k_rope_apply(&ov[0, 0], &cv[0], &sv[0], ov.shape[0], ov.shape[1], kind)
+            k_rope_apply(&ov[0, 0], &cv[0], &sv[0], ov.shape[0], ov.shape[1], rot, kind)
     return out
 
 
