@@ -1,22 +1,21 @@
-"""Byte-level BPE (GPT-2 style) built from a GGUF vocab: SmolLM2's tokenizer.
+"""Byte-level BPE (GPT-2 style) built from a GGUF vocab: SmolLM2's, Llama 3's, Qwen's tokenizers.
 
 A GGUF with ``tokenizer.ggml.model == "gpt2"`` carries the tokens (spelled
 in GPT-2's byte alphabet: every byte is one printable character, e.g. space
 -> "Ġ", newline -> "Ċ"), their types and the ranked merges
 (``tokenizer.ggml.merges``, "Ġ t" = merge "Ġ" with "t"). Encoding runs as
-HF ``tokenizers`` does for SmolLM2's ``tokenizer.json``
-(``Sequence[Digits(individual_digits=True), ByteLevel(use_regex=True)]``,
-no normalizer), which llama.cpp's pre-tokenizer "smollm" also implements:
+HF ``tokenizers`` does for the family's ``tokenizer.json``:
 
-1. pre-tokenize: every numeric character (``\\p{N}``) is a piece of its own;
-   each stretch between them is split by GPT-2's pattern
-   ``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+``
-   (the stdlib ``re`` has no ``\\p{..}``: ``_gpt2_pieces`` is that pattern as
-   a hand-written scanner over Unicode categories);
+1. pre-tokenize by the rule ``tokenizer.ggml.pre`` names (``bpe_pre``: GPT-2,
+   SmolLM, Llama 3, Qwen 2 and 3.5, DeepSeek, Falcon, Command-R and
+   llama.cpp's default; absent means ``gpt-2``), e.g. SmolLM2's
+   ``Sequence[Digits(individual_digits=True), ByteLevel(use_regex=True)]``:
+   every numeric character a piece of its own, GPT-2's pattern between them;
 2. each piece's UTF-8 bytes become byte symbols, then the adjacent pair with
    the lowest merge rank is merged (leftmost on ties) until no pair has a
-   merge. Results are cached per piece (pieces of up to CACHE_PIECE_CHARS
-   characters, CACHE_LIMIT of them).
+   merge (Llama 3: a piece that is a whole token is that token). Results
+   are cached per piece (pieces of up to CACHE_PIECE_BYTES bytes,
+   CACHE_LIMIT of them).
 
 A byte whose symbol is not in the vocab (SmolLM2's lacks 21, among them
 0x04, 0xC0 and 0xF5..0xFF) is dropped, as HF (a BPE without ``unk_token``)
@@ -28,31 +27,20 @@ between them is pre-tokenized on its own (as HF splits added tokens first).
 Decoding maps each byte symbol back to its byte; control tokens decode to
 nothing. Text that is not valid UTF-8 (``greedy.text_to_bytes``) is
 tokenized byte for byte, so ``decode_bytes(encode(b)) == b`` but for
-dropped bytes.
+dropped bytes and, where the rule normalizes, NFC.
 """
 from __future__ import annotations
 
-import unicodedata
-
 from ..errors import ModelFormatError
+from .bpe_pre import PRE_TOKENIZERS, pre_tokenizer
 from .chat import template_from_gguf
 from .greedy import PieceTable, SpecialPieces, text_to_bytes
 
 TOKEN_NORMAL = 1  # GGUF token types (llama.cpp's llama_token_type)
 TOKEN_CONTROL = 3
 
-# llama.cpp pre-tokenizer names (tokenizer.ggml.pre) -> split numbers one by
-# one first. Each of these is GPT-2's pattern, with or without that split.
-PRE_TOKENIZERS = {"smollm": True, "starcoder": True, "refact": True, "gpt-2": False}
-
-# Unicode White_Space: what \s means in HF's regex engine (Oniguruma). Python's
-# str.isspace() differs (it also takes U+001C..U+001F).
-WHITESPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
-                       "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
-CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an ASCII apostrophe; case-sensitive
-LETTER, NUMBER, SPACE, OTHER = range(4)
 CACHE_LIMIT = 1 << 16  # pieces remembered; the cache starts over past this
-CACHE_PIECE_CHARS = 64  # longer pieces are not remembered: the cache stays under ~70 MB however hostile the text
+CACHE_PIECE_BYTES = 64  # longer pieces are not remembered: the cache stays under ~70 MB however hostile the text
 
 
 def byte_alphabet() -> list[str]:
@@ -68,56 +56,6 @@ def byte_alphabet() -> list[str]:
             chars[b] = chr(0x100 + extra)
             extra += 1
     return chars
-
-
-_CLASSES: dict[str, int] = {}  # character -> its class, filled as characters are met
-
-
-def _char_class(c: str) -> int:
-    """LETTER (\\p{L}), NUMBER (\\p{N}), SPACE (\\s) or OTHER. Lone surrogates
-    (bytes that are not UTF-8) are OTHER."""
-    k = _CLASSES.get(c)
-    if k is None:
-        cat = unicodedata.category(c)[0]
-        k = _CLASSES[c] = SPACE if c in WHITESPACE else LETTER if cat == "L" else NUMBER if cat == "N" else OTHER
-    return k
-
-
-def _gpt2_pieces(text: str) -> list[str]:
-    """``text`` split by GPT-2's pattern (module docstring), leftmost
-    alternative first at each position, as a regex engine would."""
-    out = []
-    n = len(text)
-    classes = [_char_class(c) for c in text]
-    i = 0
-    while i < n:
-        c, k = text[i], classes[i]
-        if c == "'":
-            word = next((w for w in CONTRACTIONS if text.startswith(w, i + 1)), None)
-            if word is not None:
-                out.append(text[i:i + 1 + len(word)])
-                i += 1 + len(word)
-                continue
-        start = i
-        if c == " " and i + 1 < n and classes[i + 1] != SPACE:
-            i += 1  # " ?" before a letter, number or other run
-            k = classes[i]
-        if k != SPACE:
-            i += 1
-            while i < n and classes[i] == k:
-                i += 1
-            out.append(text[start:i])
-            continue
-        j = i + 1
-        while j < n and classes[j] == SPACE:
-            j += 1
-        # \s+(?!\S): all of a run at the end; before a non-space, all but its
-        # last character (which then leads the next piece); a single one
-        # before a non-space is \s+ alone.
-        end = j if j == n or j - i == 1 else j - 1
-        out.append(text[i:end])
-        i = end
-    return out
 
 
 class BPETokenizer(PieceTable):
@@ -144,7 +82,8 @@ class BPETokenizer(PieceTable):
         for field, value in (("bos_id", bos_id), ("eos_id", eos_id), ("unk_id", unk_id), ("pad_id", pad_id)):
             if value is not None and (type(value) is not int or not 0 <= value < n):
                 raise ModelFormatError(f"{where}: {field} {value!r} must be in [0, vocab_size {n})")
-        if pre not in PRE_TOKENIZERS:
+        rule = pre_tokenizer(pre)
+        if rule is None:
             raise ModelFormatError(f"{where}: pre-tokenizer {pre!r} is not supported "
                                    f"(supported: {', '.join(PRE_TOKENIZERS)})")
         chars = byte_alphabet()
@@ -194,8 +133,9 @@ class BPETokenizer(PieceTable):
         self._ids = {token.encode(): i for token, i in ids.items()}  # token_id() takes the file's spelling
         self._byte_ids = [ids.get(ch, -1) for ch in chars]  # -1: not in the vocab, dropped
         self._merges = rank_of
-        self._split_digits = PRE_TOKENIZERS[pre]
-        self._cache: dict[str, list[int]] = {}
+        self._rule = rule
+        self._token_ids = {out[i]: i for i in reversed(range(n)) if not control[i]}  # ignore_merges
+        self._cache: dict[bytes, list[int]] = {}
         self._specials = SpecialPieces([(tokens[i].encode(), i) for i in range(n) if control[i]])
 
     @classmethod
@@ -243,32 +183,18 @@ class BPETokenizer(PieceTable):
         text = data.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 -> U+DC80..U+DCFF
         ids: list[int] = []
         cache = self._cache
-        for piece in self._pieces(text):
+        whole = self._token_ids if self._rule.ignore_merges else None
+        for piece in self._rule.pieces(text):
             got = cache.get(piece)
             if got is None:
-                got = self._bpe(piece.encode("utf-8", "surrogateescape"))
-                if len(piece) <= CACHE_PIECE_CHARS:
+                token = whole.get(piece) if whole is not None else None
+                got = [token] if token is not None else self._bpe(piece)
+                if len(piece) <= CACHE_PIECE_BYTES:
                     if len(cache) >= CACHE_LIMIT:
                         cache.clear()
                     cache[piece] = got
             ids += got
         return ids
-
-    def _pieces(self, text: str) -> list[str]:
-        """Pre-tokenize: numbers one by one (if the vocab says so), GPT-2's pattern between them."""
-        if not self._split_digits:
-            return _gpt2_pieces(text)
-        out: list[str] = []
-        start = 0
-        for i, c in enumerate(text):
-            if _char_class(c) == NUMBER:
-                if i > start:
-                    out += _gpt2_pieces(text[start:i])
-                out.append(c)
-                start = i + 1
-        if start < len(text):
-            out += _gpt2_pieces(text[start:])
-        return out
 
     def _bpe(self, piece: bytes) -> list[int]:
         """Merge the byte symbols of one piece: lowest rank first, leftmost on ties."""
