@@ -5,7 +5,9 @@
 For each rule of gemma_cy/tokenizers/bpe_pre.py the family's own HF pipeline
 (``PIPELINES``: the normalizer and pre-tokenizer of its models'
 ``tokenizer.json``, ``ignore_merges`` where Llama 3 sets it; ``default`` is
-llama.cpp's regex list, as HF Splits) gets a small byte-level BPE trained
+llama.cpp's regex list, as HF Splits; ``gpt-4o`` is tiktoken's o200k_base
+pattern as Phi-4-mini's and the other o200k tokenizer.json files split it, no
+normalizer, no ``ignore_merges``) gets a small byte-level BPE trained
 here with ``BpeTrainer`` on a seeded text (all 256 byte symbols, ~500
 tokens, three control tokens). HF encodes the corpus (make_tokenizer_goldens'
 seeded corpus, the smollm2 additions, and ``adversarial()``: strings aimed at
@@ -14,14 +16,21 @@ each rule's edges) and the script writes, gzipped JSON in tests/goldens/bpe_pre/
 ``corpus.json.gz``     the strings, once for every rule;
 ``<rule>.json.gz``     the vocab (tokens in id order, control ids), the
                        merges, HF's ids of each string (control tokens as
-                       text) and HF's pieces of each adversarial string.
+                       text) and HF's pieces of each adversarial string;
+                       a rule with strings of its own (``EXTRA``: gpt-4o's
+                       ``o200k_strings()``) has them as ``extra``, after the
+                       corpus, in its ids and pieces (and its training text),
+                       so that the shared corpus and the other goldens stay
+                       as they were.
 
 It also writes gemma_cy/tokenizers/unicode_classes.py: the character classes
 HF's components use, recorded over every code point (its regex engine's
 ``\\p{L}``, ``\\p{N}``, ``\\p{M}``, ``\\p{P}``, which are Unicode 16.0's general
-categories; ``Digits``' numeric test, Unicode 17.0's N; ``Punctuation``'s
-table, older than both; the characters its NFC normalizer knows), and checks
-that HF's ``\\s`` is the White_Space set bpe_pre names.
+categories, and its ``\\p{Lu}``..``\\p{Lo}``, checked to partition ``\\p{L}``
+and to make o200k's two letter classes; ``Digits``' numeric test, Unicode
+17.0's N; ``Punctuation``'s table, older than both; the characters its NFC
+normalizer knows), and checks that HF's ``\\s`` is the White_Space set
+bpe_pre names.
 """
 from __future__ import annotations
 
@@ -46,6 +55,10 @@ LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[
 QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_WORD = r"[^\r\n\p{L}\p{N}]?%s(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+O200K = (_WORD % f"{_UPPER}*{_LOWER}+" + "|" + _WORD % f"{_UPPER}+{_LOWER}*"
+         + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")  # tiktoken's o200k_base
 CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 
 
@@ -84,6 +97,7 @@ def pipelines() -> dict:
                                       pt.Digits(individual_digits=False), split("[0-9][0-9][0-9]")]), False),
         "default": (None, pt.Sequence([split(r"[\p{P}\$\+<=>\^~\|]+"), split(GPT2), split(r"\p{N}+"),
                                        split("[0-9][0-9][0-9]"), bytes_only]), False),
+        "gpt-4o": (None, pt.Sequence([split(O200K), bytes_only]), False),
     }
 
 
@@ -94,18 +108,33 @@ def _code_points() -> list[str]:
     return [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
 
 
-def _ranges(cps: set[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
+def _ranges(cps: set[int]) -> list[str]:
+    """Hex words: ``lo-hi`` (inclusive), ``c``, and ``lo-hi/2`` for every other
+    code point of lo..hi (three or more; upper and lower case often alternate)."""
+    runs: list[list[int]] = []
     for c in sorted(cps):
-        if out and out[-1][1] == c - 1:
-            out[-1] = (out[-1][0], c)
+        if runs and runs[-1][1] == c - 1:
+            runs[-1][1] = c
         else:
-            out.append((c, c))
+            runs.append([c, c])
+    out: list[str] = []
+    i = 0
+    while i < len(runs):
+        j = i
+        while runs[i][0] == runs[i][1] and j + 1 < len(runs) and runs[j + 1][0] == runs[j + 1][1] == runs[j][0] + 2:
+            j += 1
+        a, b = runs[i]
+        if j - i >= 2:
+            out.append(f"{a:x}-{runs[j][0]:x}/2")
+            i = j + 1
+            continue
+        out.append(f"{a:x}" if a == b else f"{a:x}-{b:x}")
+        i += 1
     return out
 
 
-def record_classes() -> dict[str, set[int]]:
-    """Every code point HF's components put in each class (module docstring)."""
+def record_classes() -> tuple[dict[str, set[int]], set[int]]:
+    """Every code point HF's components put in each class (module docstring), and its ``\\s``."""
     from tokenizers import Regex, normalizers
     from tokenizers import pre_tokenizers as pt
 
@@ -136,11 +165,15 @@ def record_classes() -> dict[str, set[int]]:
     classes = {"LETTER": regex_class(r"\p{L}"), "NUMBER": regex_class(r"\p{N}"), "MARK": regex_class(r"\p{M}"),
                "PUNCTUATION": regex_class(r"\p{P}"), "NUMERIC": alone(pt.Digits(individual_digits=True)) - {97},
                "PUNCTUATION_HF": alone(pt.Punctuation()), "NFC_ACTIVE": nfc_active}
-    from gemma_cy.tokenizers.bpe_pre import WHITESPACE
-
-    if regex_class(r"\s") != {ord(c) for c in WHITESPACE}:
-        raise SystemExit("HF's \\s is not the White_Space set of bpe_pre.WHITESPACE")
-    return classes
+    cases = {c: regex_class(rf"\p{{{c}}}") for c in ("Lu", "Lt", "Ll", "Lm", "Lo")}
+    if sum(map(len, cases.values())) != len(classes["LETTER"]) or set().union(*cases.values()) != classes["LETTER"]:
+        raise SystemExit("HF's \\p{Lu}, \\p{Lt}, \\p{Ll}, \\p{Lm}, \\p{Lo} do not partition its \\p{L}")
+    classes["LETTER_UPPER"], classes["LETTER_LOWER"] = cases["Lu"] | cases["Lt"], cases["Ll"]
+    upper, lower = (r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]")  # o200k's two classes
+    both = (classes["LETTER"] - classes["LETTER_UPPER"] - classes["LETTER_LOWER"]) | classes["MARK"]
+    if regex_class(upper) != classes["LETTER_UPPER"] | both or regex_class(lower) != classes["LETTER_LOWER"] | both:
+        raise SystemExit("HF's o200k letter classes are not the unions bpe_pre builds")
+    return classes, regex_class(r"\s")
 
 
 def write_classes(classes: dict[str, set[int]]) -> None:
@@ -151,10 +184,12 @@ def write_classes(classes: dict[str, set[int]]) -> None:
              "(Unicode 16.0 general categories). NUMERIC: what its Digits pre-tokenizer splits",
              "(Unicode 17.0's N). PUNCTUATION_HF: what its Punctuation pre-tokenizer splits (ASCII",
              "punctuation and an older table's P). NFC_ACTIVE: the characters its NFC tables give",
-             "a combining class, a decomposition or a part in one. Ranges: hex, inclusive.",
+             "a combining class, a decomposition or a part in one. LETTER_UPPER, LETTER_LOWER: its",
+             "\\p{Lu} with \\p{Lt}, and \\p{Ll} (the rest of LETTER is \\p{Lm} and \\p{Lo}). Ranges: hex,",
+             "inclusive; lo-hi/2 is every other code point from lo to hi.",
              '"""']
     for name, cps in classes.items():
-        words = [f"{a:x}" if a == b else f"{a:x}-{b:x}" for a, b in _ranges(cps)]
+        words = _ranges(cps)
         lines.append(f"{name} = (")
         row = ""
         for w in words:
@@ -203,6 +238,33 @@ def adversarial(seed: int = SEED) -> list[str]:
     return texts
 
 
+def o200k_strings(seed: int = SEED) -> list[str]:
+    """Strings aimed at gpt-4o's pattern (its golden alone: the shared corpus stays as it was)."""
+    rng = random.Random(seed + 1)
+    texts = ["HelloWorld", "iPhone", "McDonald's", "ALLCAPS'LL", "HTMLParser", "getHTTPResponseCode", "camelCase",
+             "snake_case", "Hello World", " HelloWorld", "ABC", "ABCdef", "aBC", "A", "a", "I'm", "I'M", "it's", "IT'S",
+             "don'T", "we'Ve", "x'ſ", "X'ſt", "they'LL've", "'s", "'S'", " 's", "O'Neil", "o'neil's", "rock'n'roll",
+             "a/b\n", "a/b\n/c", ".\n/", "x.\r\n//y", "#!/usr/bin\n/", "http://x.y/z", "a //b", " /", "/\n\n/",
+             "12345", "1234567", "x1234y", "a 1 22 333 4444", "３４５６", "٣٤٥٦", "ⅫⅫⅫⅫ", "1/2", "3.14159",
+             "helloÉcole", "ÉCOLEdu", "ΑλφαΒήτα", "ΣΊΣΥΦΟΣ's", "МоскваРоссия", "StraßeSTRASSE", "ǅemal ǈubljana",
+             "ᾈδης ᾼ", "ʰʲxʷ", "aʰB", "Aʰb", "々々a", "x々Y", "ﬁﬀ ﬃ", "ﬁX", "Xﬁ",
+             "e\u0301", "E\u0301cole", "e\u0301COLE", "\u0301's", "\u0301\u0301a", " \u0301a", "a\u0301\u0301B",
+             "A\u0301b", "\u0301X", "x\u0301'S", "\u0915\u093f\u0902\u0924\u0941", "नमस्ते दुनिया",
+             "我们Hello", "Hello我们world", "カタカナABCdef", "ひらがなabc", "한국어Korean", "가A나b",
+             "\u1c89\u1c8a", "\ua7cb\ua7cd", "\ua7dax\ua7db", "\U00010d50\U00010d70", "a\U0001e030B", "\U0001df25X",
+             "x\U00010d4e", "A\U0001e4ebb", "tab\tWord", "\tWord", "\rWord", "\nWord", "\u00a0Word", "\u3000Word",
+             "(Hello)", "[iPhone]", "-McDonald", "$HOME", "@User's", "😀Hello", "👍🏽iPhone", "a\u200dB"]
+    alphabet = ("aAbBzZ'sStTlLmMdDreRE" + "ſ/ .-_\t\n\r\u00a0" + "0129٣３Ⅻ" + "ǅʰ々ªéÉßσΣ" + "\u0301\u093c\u0345"
+                + "你가ア" + "\u1c89\u1c8a\U0001e030" + "😀")
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(2, 16))) for _ in range(300)]
+    # often enough that the trained vocab merges across Llama 3's piece ends (its golden then fails under that name)
+    texts += ["It's the iPhone's day, isn't it? We're sure they'll say so.\n/usr/e\u0301te\u0301 " * 60]
+    return texts
+
+
+EXTRA = {"gpt-4o": o200k_strings}  # rule -> its own strings, after the shared corpus
+
+
 def build(rule: str, texts: list[str]):
     """The rule's HF tokenizer with a BPE trained here on ``texts``."""
     from tokenizers import Tokenizer, decoders, models, trainers
@@ -238,6 +300,8 @@ def add_whole_words(tok, texts: list[str], count: int = 12):
 
 
 def goldens(rule: str, texts: list[str], n_adversarial: int) -> dict:
+    extra = EXTRA[rule]() if rule in EXTRA else []
+    texts, n_adversarial = texts + extra, n_adversarial + len(extra)
     tok = build(rule, texts)
     if pipelines()[rule][2]:
         tok = add_whole_words(tok, texts)
@@ -256,10 +320,13 @@ def goldens(rule: str, texts: list[str], n_adversarial: int) -> dict:
     for text in texts[-n_adversarial:]:
         normal = normalizer.normalize_str(text) if normalizer is not None else text
         pieces.append([p for p, _ in pre.pre_tokenize_str(normal)])
-    return {"pre": rule, "tokens": tokens, "control": [vocab[t] for t in SPECIALS], "merges": merges,
-            "ignore_merges": model.get("ignore_merges", False), "ids": ids,
-            "ids_special": {str(i): p for i, (p, q) in enumerate(zip(parsed, ids)) if p != q},
-            "adversarial_pieces": pieces}
+    got = {"pre": rule, "tokens": tokens, "control": [vocab[t] for t in SPECIALS], "merges": merges,
+           "ignore_merges": model.get("ignore_merges", False), "ids": ids,
+           "ids_special": {str(i): p for i, (p, q) in enumerate(zip(parsed, ids)) if p != q},
+           "adversarial_pieces": pieces}
+    if extra:
+        got["extra"] = extra
+    return got
 
 
 def corpus_texts() -> tuple[list[str], int]:
@@ -276,7 +343,12 @@ def write_gz(path: Path, obj) -> int:
 
 
 def main() -> int:
-    write_classes(record_classes())
+    classes, space = record_classes()
+    write_classes(classes)  # before bpe_pre, which reads them, is imported
+    from gemma_cy.tokenizers.bpe_pre import WHITESPACE
+
+    if space != {ord(c) for c in WHITESPACE}:
+        raise SystemExit("HF's \\s is not the White_Space set of bpe_pre.WHITESPACE")
     texts, n_adversarial = corpus_texts()
     OUT.mkdir(parents=True, exist_ok=True)
     size = write_gz(OUT / "corpus.json.gz", {"texts": texts, "adversarial": n_adversarial})

@@ -2,7 +2,8 @@
 
 tests/goldens/bpe_pre/ holds, per rule, a small BPE trained with HF's
 ``BpeTrainer`` under that family's own HF pipeline and HF's ids for every
-corpus string (scripts/make_bpe_pre_goldens.py). BPETokenizer built from the
+corpus string, and for the rule's own strings after them (``extra``: gpt-4o's
+mixed-case words; scripts/make_bpe_pre_goldens.py). BPETokenizer built from the
 same vocab and merges with ``pre=<rule>`` must give the same ids, string for
 string; on the adversarial strings, the same pieces too. The rules must be
 told apart by the corpus (each golden can fail), and an unknown name is
@@ -42,6 +43,13 @@ def golden(rule: str) -> dict:
     return read(rule)
 
 
+def texts_of(rule: str) -> tuple[list[str], int]:
+    """The strings the rule's golden has ids for, and how many at the end have HF's pieces too."""
+    texts, n = corpus()
+    extra = golden(rule).get("extra", [])
+    return texts + extra, n + len(extra)
+
+
 def fields(rule: str, pre: str | None = None) -> dict:
     g = golden(rule)
     types = [TOKEN_CONTROL if i in g["control"] else TOKEN_NORMAL for i in range(len(g["tokens"]))]
@@ -73,13 +81,13 @@ def test_goldens_cover_every_rule():
 
 
 def test_ids_match_hf(rule):
-    texts, _ = corpus()
+    texts, _ = texts_of(rule)
     bad = mismatches(build(rule), golden(rule)["ids"], texts)
     assert not bad, f"{len(bad)}/{len(texts)} strings differ from HF, e.g.\n" + "\n".join(bad[:5])
 
 
 def test_special_parsing_matches_hf(rule):
-    texts, _ = corpus()
+    texts, _ = texts_of(rule)
     g = golden(rule)
     tok = build(rule)
     assert g["ids_special"], "the corpus writes control tokens as text"
@@ -89,14 +97,14 @@ def test_special_parsing_matches_hf(rule):
 
 
 def test_adversarial_pieces_match_hf(rule):
-    texts, n = corpus()
+    texts, n = texts_of(rule)
     want = [[bytes(BYTE_OF[c] for c in piece) for piece in pieces] for pieces in golden(rule)["adversarial_pieces"]]
     bad = [(t, RULES[rule].pieces(t), w) for t, w in zip(texts[-n:], want) if RULES[rule].pieces(t) != w]
     assert not bad, f"{len(bad)}/{n} differ, e.g. {bad[:3]}"
 
 
 def test_decode_round_trips(rule):
-    texts, _ = corpus()
+    texts, _ = texts_of(rule)
     tok = build(rule)
     normalize = nfc if RULES[rule].normalize else str
     bad = [t for t in texts if tok.decode_bytes(tok.encode(t)) != normalize(t).encode()]
@@ -104,7 +112,7 @@ def test_decode_round_trips(rule):
 
 
 def test_from_gguf_reads_the_pre_tokenizer(tmp_path, rule):
-    texts, _ = corpus()
+    texts, _ = texts_of(rule)
     path = tmp_path / f"{rule}.gguf"
     write_gguf(path, fields(rule), [])
     tok = BPETokenizer.from_gguf(str(path))
@@ -117,7 +125,7 @@ def test_swapping_rule_names_changes_ids(rule):
     """Each golden can fail: read with the next rule's name, some string gets other ids."""
     names = sorted(RULES)
     other = names[(names.index(rule) + 1) % len(names)]
-    texts, _ = corpus()
+    texts, _ = texts_of(rule)
     tok = build(rule, pre=other)
     assert any(tok.encode(t) != ids for t, ids in zip(texts, golden(rule)["ids"])), (rule, other)
 
@@ -136,6 +144,19 @@ def test_ignore_merges_matters_for_llama3():
     tok = build("llama-bpe")
     pieces = {p for t in texts for p in RULES["llama-bpe"].pieces(t)}
     assert any(p in tok._token_ids and tok._bpe(p) != [tok._token_ids[p]] for p in pieces)
+
+
+@pytest.mark.parametrize("text, pieces", [
+    ("HelloWorld iPhone", ["Hello", "World", " i", "Phone"]),
+    ("McDonald's ALLCAPS'LL", ["Mc", "Donald's", " ALLCAPS'LL"]),
+    ("HTMLParser getHTTPResponse", ["HTMLParser", " get", "HTTPResponse"]),
+    ("e\u0301COLE \u0301's", ["e\u0301", "COLE", " \u0301's"]),
+    ("a/b\n.\n/x 1234567", ["a", "/b", "\n", ".\n/", "x", " ", "123", "456", "7"]),
+    ("ΑλφαΒήτα 我们Hello", ["Αλφα", "Βήτα", " 我们Hello"]),  # Lo is in both classes
+])
+def test_gpt4o_splits_words_by_case(text, pieces):
+    """o200k's words: an upper-case run ends where a lower-case one follows (HF's pieces, from its golden)."""
+    assert RULES["gpt-4o"].pieces(text) == [p.encode() for p in pieces]
 
 
 def test_aliases_name_the_same_rule():

@@ -32,16 +32,22 @@ matches and the text between them), then the pieces' UTF-8 bytes:
   0xBC..0xBE are spelled ``²³¹¼½¾``: numeric, so they split as digits do).
 - ``default`` (llama.cpp's list for names it has no rule for; no HF
   tokenizer): ``[\\p{P}$+<=>^~|]+``, GPT-2's pattern, ``\\p{N}+``, ``[0-9][0-9][0-9]``.
+- ``gpt-4o`` (Phi-4-mini and other o200k vocabularies): tiktoken's o200k_base,
+  ``[^\\r\\n\\p{L}\\p{N}]?U*W+c?|[^\\r\\n\\p{L}\\p{N}]?U+W*c?|\\p{N}{1,3}|
+  ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+`` with
+  ``U = [\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]``, ``W = [\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]``
+  and ``c = (?i:'s|'t|'re|'ve|'m|'ll|'d)``: "HelloWorld" is "Hello", "World".
 
 Each regex is a scanner over character classes: the alternatives are tried
 in order at each position, the first that matches wins (greedy, with the
 backtracking the pattern implies, e.g. ``\\s+(?!\\S)`` gives a space run but
 its last character when a non-space follows). The classes are the ones HF's
 ``tokenizers`` library uses (``unicode_classes``: its regex engine's Unicode
-16.0 categories, its ``Digits``' numeric test, its ``Punctuation`` table, its
-NFC tables), so they do not move with the Python running us. ``\\s`` is
-Unicode White_Space (not ``str.isspace``); case-insensitive contractions
-fold ``ſ`` (U+017F) to ``s`` as Unicode case folding does.
+16.0 categories and letter subcategories, its ``Digits``' numeric test, its
+``Punctuation`` table, its NFC tables), so they do not move with the Python
+running us. ``\\s`` is Unicode White_Space (not ``str.isspace``);
+case-insensitive contractions fold ``ſ`` (U+017F) to ``s`` as Unicode case
+folding does.
 """
 from __future__ import annotations
 
@@ -51,8 +57,11 @@ from typing import Callable
 
 from . import unicode_classes
 
-# Character class bits. L, N, M, P: Unicode 16.0 general categories (HF's regex engine).
-L, N, M, P, SPACE, NUMERIC, PUNCT, NFC_ACTIVE, DS_LETTER, DS_PUNCT, CJK, DEF_PUNCT = (1 << b for b in range(12))
+# Character class bits. L, N, M, P: Unicode 16.0 general categories (HF's regex engine);
+# LU: Lu or Lt, LL: Ll; CASELESS: Lm, Lo or M, which o200k's upper and lower classes share.
+(L, N, M, P, SPACE, NUMERIC, PUNCT, NFC_ACTIVE, DS_LETTER, DS_PUNCT, CJK, DEF_PUNCT,
+ LU, LL, CASELESS) = (1 << b for b in range(15))
+UPPER, LOWER = LU | CASELESS, LL | CASELESS  # [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], [\p{Ll}\p{Lm}\p{Lo}\p{M}]
 
 WHITESPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
                        "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")  # Unicode White_Space
@@ -72,11 +81,15 @@ CLASS_CACHE_LIMIT = 1 << 16
 
 
 def _bounds(ranges: str) -> list[int]:
-    """``"lo-hi lo-hi"`` (hex, inclusive) -> [lo, hi + 1, ...] for bisect."""
+    """``"lo-hi lo-hi/2 c"`` (hex, inclusive; ``/2``: every other code point) -> [lo, hi + 1, ...] for bisect."""
     out: list[int] = []
     for r in ranges.split():
+        r, _, step = r.partition("/")
         lo, _, hi = r.partition("-")
-        out += [int(lo, 16), int(hi or lo, 16) + 1]
+        if step:
+            out += [b for c in range(int(lo, 16), int(hi, 16) + 1, int(step)) for b in (c, c + 1)]
+        else:
+            out += [int(lo, 16), int(hi or lo, 16) + 1]
     return out
 
 
@@ -95,7 +108,8 @@ def _char_bounds(pairs: str) -> list[int]:
 _TABLES = [(bit, _bounds(spec)) for bit, spec in (
     (L, unicode_classes.LETTER), (N, unicode_classes.NUMBER), (M, unicode_classes.MARK),
     (P, unicode_classes.PUNCTUATION), (NUMERIC, unicode_classes.NUMERIC),
-    (PUNCT, unicode_classes.PUNCTUATION_HF), (NFC_ACTIVE, unicode_classes.NFC_ACTIVE))]
+    (PUNCT, unicode_classes.PUNCTUATION_HF), (NFC_ACTIVE, unicode_classes.NFC_ACTIVE),
+    (LU, unicode_classes.LETTER_UPPER), (LL, unicode_classes.LETTER_LOWER))]
 _TABLES += [(DS_LETTER, _char_bounds(DS_LETTERS)), (DS_PUNCT, _char_bounds(DS_PUNCTS)),
             (CJK, _char_bounds(CJK_RANGES))]
 _CLASSES: dict[str, int] = {}
@@ -112,6 +126,8 @@ def char_class(c: str) -> int:
                 k |= bit
         if k & P or c in DEFAULT_PUNCT:
             k |= DEF_PUNCT
+        if k & M or k & L and not k & (LU | LL):
+            k |= CASELESS
         if len(_CLASSES) >= CLASS_CACHE_LIMIT:
             _CLASSES.clear()
         _CLASSES[c] = k
@@ -164,6 +180,25 @@ def _space_run(t: str, k: list[int], i: int, n: int) -> int:
     return j if j == n or j - i == 1 else j - 1
 
 
+def _contraction(t: str, i: int, n: int) -> int:
+    """The end of ``(?i:'s|'t|'re|'ve|'m|'ll|'d)`` at i, or i."""
+    if t[i:i + 1] == "'" and i + 1 < n:
+        a = t[i + 1]
+        if any(a in FOLDS[x] for x in "stmd"):
+            return i + 2
+        if i + 2 < n and any(a in FOLDS[x] and t[i + 2] in FOLDS[y] for x, y in ("re", "ve", "ll")):
+            return i + 3
+    return i
+
+
+def _breaks_or_spaces(t: str, k: list[int], i: int, n: int) -> int:
+    """``\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+`` at a white-space character: the run up
+    to its last CR or LF, else GPT-2's white-space rules."""
+    end = _run_end(k, i + 1, n, SPACE)
+    last = max(t.rfind("\n", i, end), t.rfind("\r", i, end))
+    return last + 1 if last >= 0 else _space_run(t, k, i, n)
+
+
 def gpt2_match(t: str, k: list[int], i: int, n: int) -> int:
     """GPT-2's pattern (contractions case-sensitive); matches everywhere."""
     c = t[i]
@@ -188,12 +223,9 @@ def tiktoken_matcher(digits: int, letters: int) -> Matcher:
 
     def match(t: str, k: list[int], i: int, n: int) -> int:
         c = t[i]
-        if c == "'" and i + 1 < n:
-            a = t[i + 1]
-            if any(a in FOLDS[x] for x in "stmd"):
-                return i + 2
-            if i + 2 < n and any(a in FOLDS[x] and t[i + 2] in FOLDS[y] for x, y in ("re", "ve", "ll")):
-                return i + 3
+        j = _contraction(t, i, n)
+        if j > i:
+            return j
         kc = k[i]
         if kc & letters:
             return _run_end(k, i + 1, n, letters)
@@ -210,14 +242,40 @@ def tiktoken_matcher(digits: int, letters: int) -> Matcher:
             while j < n and t[j] in CR_LF:
                 j += 1
             return j
-        # \s*[\r\n]+: the white-space run up to its last CR or LF; else \s+(?!\S)|\s+
-        end = _run_end(k, i + 1, n, SPACE)
-        last = t.rfind("\n", i, end), t.rfind("\r", i, end)
-        if max(last) >= 0:
-            return max(last) + 1
-        return _space_run(t, k, i, n)
+        return _breaks_or_spaces(t, k, i, n)
 
     return match
+
+
+def o200k_match(t: str, k: list[int], i: int, n: int) -> int:
+    """tiktoken's o200k_base (GPT-4o): words split by case, each with one
+    optional leading non-letter non-digit (not CR or LF) and an optional
+    contraction, ``[^\\r\\n\\p{L}\\p{N}]?UPPER*LOWER+c?`` then ``...UPPER+LOWER*c?``
+    (UPPER: Lu Lt Lm Lo M, LOWER: Ll Lm Lo M); digits in threes; a symbol run
+    (marks included) with its trailing CR, LF and ``/``; then white space as Llama 3's."""
+    c, kc = t[i], k[i]
+    starts = (i + 1, i) if c not in CR_LF and not kc & (L | N) else (i,)  # with the leading character first
+    for j in starts:
+        u = _run_end(k, j, n, UPPER)
+        for s in range(u, j - 1, -1):  # UPPER* gives back until LOWER+ can start
+            if s < n and k[s] & LOWER:
+                return _contraction(t, _run_end(k, s + 1, n, LOWER), n)
+    for j in starts:
+        if j < n and k[j] & UPPER:
+            return _contraction(t, _run_end(k, _run_end(k, j + 1, n, UPPER), n, LOWER), n)
+    if kc & N:
+        j = i + 1
+        while j < n and j - i < 3 and k[j] & N:
+            j += 1
+        return j
+    stop = SPACE | L | N
+    j = i + 1 if c == " " and i + 1 < n and not k[i + 1] & stop else i
+    if not k[j] & stop:
+        j = _run_end_not(k, j + 1, n, stop)
+        while j < n and t[j] in "\r\n/":
+            j += 1
+        return j
+    return _breaks_or_spaces(t, k, i, n)
 
 
 def run_matcher(bits: int, spaced: bool = False, limit: int = 0) -> Matcher:
@@ -339,6 +397,7 @@ _RULES = [
                                     run_matcher(CJK), _DIGIT)),
     PreTokenizer("falcon", (run_matcher(PUNCT), gpt2_match), byte_split=falcon_bytes),
     PreTokenizer("default", (run_matcher(DEF_PUNCT), gpt2_match, run_matcher(N), three_digits)),
+    PreTokenizer("gpt-4o", (o200k_match,)),
 ]
 RULES = {rule.name: rule for rule in _RULES}
 # Other names llama.cpp gives the same rule (its llama-vocab.cpp), spelled as it spells them.
