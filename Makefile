@@ -56,6 +56,7 @@ oracle: .venv-oracle/.deps-stamp .venv-peers/.deps-stamp $(BUILD_STAMP)
 	.venv-oracle/bin/python scripts/make_chat_goldens.py
 	.venv-oracle/bin/python scripts/make_eval_goldens.py
 	.venv-oracle/bin/python scripts/make_bpe_pre_goldens.py
+	.venv-oracle/bin/python scripts/make_gemma4_tokenizer_goldens.py --peers-python .venv-peers/bin/python
 	.venv-oracle/bin/python scripts/make_arch_goldens.py --hf
 	.venv-peers/bin/python scripts/make_arch_goldens.py --llama_cpp
 

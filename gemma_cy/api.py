@@ -84,7 +84,7 @@ def open_weights(path: str) -> Weights:
 def open_tokenizer(path: str):
     """Read a tokenizer, choosing the format by its magic bytes: a GMT1 file
     (longest-match), or the vocabulary inside a GGUF model (by its
-    ``tokenizer.ggml.model``: "gpt2" byte-level BPE, else SentencePiece)."""
+    ``tokenizer.ggml.model``: "gpt2" byte-level BPE, "gemma4" Gemma 4's BPE, else SentencePiece)."""
     magic = read_magic(path)
     if magic == b"GMT1":
         return GreedyTokenizer.from_file(path)
@@ -99,14 +99,14 @@ def open_tokenizer(path: str):
 
 
 # tokenizer.ggml.model values (llama.cpp's vocabulary types) gemma-cy reads.
-TOKENIZER_MODELS = {"llama": "SentencePiece", "gpt2": "byte-level BPE"}
+TOKENIZER_MODELS = {"llama": "SentencePiece", "gpt2": "byte-level BPE", "gemma4": "Gemma 4's BPE"}
 
 
 def tokenizer_from_gguf(gf):
     """The vocabulary of a parsed GGUF: byte-level BPE when its
-    ``tokenizer.ggml.model`` is "gpt2", SentencePiece when it is "llama"
-    (or absent, as in the seed engine's files); any other model (WordPiece,
-    Unigram, Gemma 4's BPE...) is refused rather than read as SentencePiece."""
+    ``tokenizer.ggml.model`` is "gpt2", Gemma 4's BPE when "gemma4",
+    SentencePiece when "llama" (or absent, as in the seed engine's files);
+    any other model (WordPiece, Unigram...) is refused rather than read as SentencePiece."""
     model = gf.value("tokenizer.ggml.model")
     if model is not None and model not in TOKENIZER_MODELS:
         known = ", ".join(f"{k!r} ({v})" for k, v in TOKENIZER_MODELS.items())
@@ -114,6 +114,9 @@ def tokenizer_from_gguf(gf):
     if model == "gpt2":
         from .tokenizers.bpe import BPETokenizer
         return BPETokenizer.from_gguf(gf)
+    if model == "gemma4":
+        from .tokenizers.gemma4_bpe import Gemma4Tokenizer
+        return Gemma4Tokenizer.from_gguf(gf)
     from .tokenizers.sp import SentencePieceTokenizer
     return SentencePieceTokenizer.from_gguf(gf)
 

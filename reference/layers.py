@@ -64,7 +64,11 @@ class LayerWeights:
     q_bias: np.ndarray | None = None  # (qd,) when config.qkv_bias
     k_bias: np.ndarray | None = None  # (kvd,) when config.qkv_bias
     v_bias: np.ndarray | None = None  # (kvd,) when config.qkv_bias
-    rope_freqs: np.ndarray | None = None  # (rotary_dims/2,) when config.rope_freqs: the model's one array
+    rope_freqs: np.ndarray | None = None  # (rotary_dims/2,) when config.rope_freqs applies to this layer
+    ple_gate: np.ndarray | None = None  # (ple, dim) when config.per_layer_input_dim (Gemma 4)
+    ple_proj: np.ndarray | None = None  # (dim, ple)
+    ple_post_norm: np.ndarray | None = None  # (dim,)
+    layer_scalar: np.ndarray | None = None  # (1,) when config.layer_scalars
 
 
 class Q8Matrix:
@@ -149,6 +153,9 @@ class F32Weights:
     layers: tuple[LayerWeights, ...]  # n_layers
     final_norm: np.ndarray  # (dim,)
     lm_head: np.ndarray  # (vocab, dim); the same array as embed_tokens when tied
+    embed_per_layer: object = None  # (vocab, n_layers*ple) when config.per_layer_input_dim: the tensor, rows read per token
+    per_layer_model_proj: np.ndarray | None = None  # (n_layers*ple, dim)
+    per_layer_proj_norm: np.ndarray | None = None  # (ple,)
 
     @classmethod
     def from_weights(cls, weights: Weights, activations: str = "f32") -> "F32Weights":
@@ -168,20 +175,30 @@ class F32Weights:
         def optional(name: str, present: bool) -> np.ndarray | None:
             return deq(name) if present else None
 
-        rope_freqs = optional("rope_freqs", c.rope_freqs)  # (hd/2,), every layer's
+        def optional_matrix(name: str):
+            return matrix(name) if name in weights.tensors else None
+
+        rope_freqs = optional("rope_freqs", c.rope_freqs)  # (hd/2,), every layer's (global ones' in Gemma 4)
+        ple = c.per_layer_input_dim > 0
         layers = []
         for layer in range(c.n_layers):
             p = f"layers.{layer}."
+            own_kv = c.kv_source(layer) == layer
             layers.append(LayerWeights(
-                q_proj=matrix(p + "q_proj"), k_proj=matrix(p + "k_proj"), v_proj=matrix(p + "v_proj"),
+                q_proj=matrix(p + "q_proj"), k_proj=optional_matrix(p + "k_proj"),
+                v_proj=optional_matrix(p + "v_proj"),
                 o_proj=matrix(p + "o_proj"), gate_proj=matrix(p + "gate_proj"),
                 up_proj=matrix(p + "up_proj"), down_proj=matrix(p + "down_proj"),
                 attn_norm=deq(p + "attn_norm"), ffn_norm=deq(p + "ffn_norm"),
-                q_norm=optional(p + "q_norm", c.qk_norm), k_norm=optional(p + "k_norm", c.qk_norm),
+                q_norm=optional(p + "q_norm", c.qk_norm), k_norm=optional(p + "k_norm", c.qk_norm and own_kv),
                 post_attn_norm=optional(p + "post_attn_norm", c.post_norms),
                 post_ffn_norm=optional(p + "post_ffn_norm", c.post_norms),
                 q_bias=optional(p + "q_bias", c.qkv_bias), k_bias=optional(p + "k_bias", c.qkv_bias),
-                v_bias=optional(p + "v_bias", c.qkv_bias), rope_freqs=rope_freqs))
+                v_bias=optional(p + "v_bias", c.qkv_bias),
+                rope_freqs=None if c.rope_freqs_global_only and c.is_local(layer) else rope_freqs,
+                ple_gate=optional_matrix(p + "ple_gate"), ple_proj=optional_matrix(p + "ple_proj"),
+                ple_post_norm=optional(p + "ple_post_norm", ple),
+                layer_scalar=optional(p + "layer_scalar", c.layer_scalars)))
         embed_tokens = deq("embed_tokens")
         if activations == "q8":
             lm_head = Q8Matrix(weights.lm_head)
@@ -192,7 +209,10 @@ class F32Weights:
             embed_positions=optional("embed_positions", c.position_table),
             layers=tuple(layers),
             final_norm=deq("final_norm"),
-            lm_head=lm_head)
+            lm_head=lm_head,
+            embed_per_layer=weights["embed_per_layer"] if ple else None,
+            per_layer_model_proj=optional_matrix("per_layer_model_proj"),
+            per_layer_proj_norm=optional("per_layer_proj_norm", ple))
 
 
 class KVCache:
@@ -201,7 +221,11 @@ class KVCache:
     engine's FastModel)."""
 
     def __init__(self, config: ModelConfig, max_len: int) -> None:
-        shape = (config.n_layers, max_len, config.n_kv_heads, config.head_dim)
+        # layers of other sizes (Gemma 4) use [:, :their nkv, :their hd] of the widest
+        c = config
+        n_kv = max(c.n_kv_heads_of(layer) for layer in range(c.n_layers))
+        hd = max(c.head_dim_of(layer) for layer in range(c.n_layers))
+        shape = (c.n_layers, max_len, n_kv, hd)
         self.max_len = max_len
         self.key_cache = np.zeros(shape, dtype=np.float32)  # (n_layers, max_len, nkv, hd)
         self.value_cache = np.zeros(shape, dtype=np.float32)  # (n_layers, max_len, nkv, hd)
@@ -332,36 +356,44 @@ def attention(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCac
     """
     c = config
     one_plus = c.norm_gain == "one_plus"
-    q = (w.q_proj @ x).reshape(c.n_heads, c.head_dim)  # (nh, hd)
-    k = (w.k_proj @ x).reshape(c.n_kv_heads, c.head_dim)  # (nkv, hd)
-    v = (w.v_proj @ x).reshape(c.n_kv_heads, c.head_dim)  # (nkv, hd)
+    hd, nkv, src = c.head_dim_of(layer), c.n_kv_heads_of(layer), c.kv_source(layer)
+    base = c.rope_base_for(layer)
+    q = (w.q_proj @ x).reshape(c.n_heads, hd)  # (nh, hd)
     if c.qkv_bias:
-        q = q + w.q_bias.reshape(c.n_heads, c.head_dim)  # (nh, hd)
-        k = k + w.k_bias.reshape(c.n_kv_heads, c.head_dim)  # (nkv, hd)
-        v = v + w.v_bias.reshape(c.n_kv_heads, c.head_dim)  # (nkv, hd)
+        q = q + w.q_bias.reshape(c.n_heads, hd)  # (nh, hd)
     if c.qk_norm:
         q = rmsnorm(q, w.q_norm, c.norm_eps, one_plus)  # (nh, hd)
-        k = rmsnorm(k, w.k_norm, c.norm_eps, one_plus)  # (nkv, hd)
-    base = c.rope_base_for(layer)
     q = rope(q, pos, base, c.rope_pairing, w.rope_freqs, c.rope_dims, c.rope_attn_factor)  # (nh, hd)
-    k = rope(k, pos, base, c.rope_pairing, w.rope_freqs, c.rope_dims, c.rope_attn_factor)  # (nkv, hd)
+    if src == layer:
+        k = (w.k_proj @ x).reshape(nkv, hd)  # (nkv, hd)
+        v = (w.v_proj @ x).reshape(nkv, hd) if w.v_proj is not None else k  # (nkv, hd); Gemma 4: k's projection
+        if c.qkv_bias:
+            k = k + w.k_bias.reshape(nkv, hd)  # (nkv, hd)
+            v = v + w.v_bias.reshape(nkv, hd)  # (nkv, hd)
+        if c.qk_norm:
+            k = rmsnorm(k, w.k_norm, c.norm_eps, one_plus)  # (nkv, hd)
+        if c.v_norm:
+            v = rmsnorm(v, np.ones(hd, np.float32), c.norm_eps, False)  # (nkv, hd), no gain
+        k = rope(k, pos, base, c.rope_pairing, w.rope_freqs, c.rope_dims, c.rope_attn_factor)  # (nkv, hd)
+        cache.key_cache[layer, pos, :nkv, :hd] = k
+        cache.value_cache[layer, pos, :nkv, :hd] = v
+    else:  # Gemma 4's shared layers: the keys and values layer src cached for this position
+        k, v = cache.key_cache[src, pos, :nkv, :hd], cache.value_cache[src, pos, :nkv, :hd]  # (nkv, hd)
     observer(layer, "q", pos, q)
     observer(layer, "k", pos, k)
     observer(layer, "v", pos, v)
 
-    cache.key_cache[layer, pos] = k
-    cache.value_cache[layer, pos] = v
     start = window_start(pos, c.window(layer))
     # GQA: query head h reads kv head h * nkv // nh
-    kv_head = np.arange(c.n_heads) * c.n_kv_heads // c.n_heads  # (nh,)
-    keys = cache.key_cache[layer, start:pos + 1][:, kv_head]  # (T, nh, hd)
-    values = cache.value_cache[layer, start:pos + 1][:, kv_head]  # (T, nh, hd)
+    kv_head = np.arange(c.n_heads) * nkv // c.n_heads  # (nh,)
+    keys = cache.key_cache[src, start:pos + 1, :nkv, :hd][:, kv_head]  # (T, nh, hd)
+    values = cache.value_cache[src, start:pos + 1, :nkv, :hd][:, kv_head]  # (T, nh, hd)
 
     scores = np.einsum("hd,thd->ht", q, keys) * np.float32(c.scores_scale)  # (nh, T)
     if c.attn_softcap > 0:
         scores = softcap(scores, c.attn_softcap)  # (nh, T)
     probs = softmax(scores)  # (nh, T)
-    out = np.einsum("ht,thd->hd", probs, values).reshape(c.q_dim)  # (qd,)
+    out = np.einsum("ht,thd->hd", probs, values).reshape(c.n_heads * hd)  # (qd,)
     observer(layer, "attn_out", pos, out)
     return w.o_proj @ out  # (dim,)
 
@@ -374,10 +406,13 @@ def mlp(x: np.ndarray, w: LayerWeights, config: ModelConfig) -> np.ndarray:
 
 
 def block(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCache,
-          config: ModelConfig, observer: Observer = no_observer) -> np.ndarray:
+          config: ModelConfig, observer: Observer = no_observer,
+          per_layer_input: np.ndarray | None = None) -> np.ndarray:
     """One transformer layer: x (dim,) -> (dim,).
 
-    x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x)).
+    x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x));
+    Gemma 4: x += ple_post_norm(ple_proj(act(ple_gate x) * per_layer_input)), then x *= layer_scalar
+    ("resid_mlp" observes the layer's output, after them).
     """
     c = config
     one_plus = c.norm_gain == "one_plus"
@@ -397,8 +432,29 @@ def block(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCache,
         m = rmsnorm(m, w.post_ffn_norm, c.norm_eps, one_plus)  # (dim,)
     observer(layer, "mlp", pos, m)
     x = x + m  # (dim,)
+    if per_layer_input is not None:
+        act = GATE_ACTIVATION_FUNCTIONS[c.activation]
+        h = w.ple_proj @ (act(w.ple_gate @ x) * per_layer_input)  # (dim,)
+        x = x + rmsnorm(h, w.ple_post_norm, c.norm_eps, one_plus)  # (dim,)
+    if w.layer_scalar is not None:
+        x = x * w.layer_scalar[0]  # (dim,)
     observer(layer, "resid_mlp", pos, x)
     return x
+
+
+def per_layer_inputs(weights: F32Weights, token: int, x: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """Gemma 4's per-layer inputs of one position, (n_layers, ple): from the
+    embedded token x (dim,), the projection RMS-normed per layer plus the
+    token's row of the per-layer embedding (times sqrt(ple)), both times
+    1/sqrt(2) (docs/model.md#gemma-4)."""
+    c = config
+    ple = c.per_layer_input_dim
+    proj = (weights.per_layer_model_proj @ x) * np.float32(c.dim ** -0.5)  # (n_layers*ple,)
+    proj = rmsnorm(proj.reshape(c.n_layers, ple), weights.per_layer_proj_norm, c.norm_eps,
+                   c.norm_gain == "one_plus")  # (n_layers, ple)
+    row = np.asarray(weights.embed_per_layer.row(token), np.float32)  # (n_layers*ple,)
+    own = row.reshape(c.n_layers, ple) * np.float32(ple ** 0.5)  # (n_layers, ple)
+    return (proj + own) * np.float32(2.0 ** -0.5)  # (n_layers, ple)
 
 
 def final_norm(x: np.ndarray, weights: F32Weights, config: ModelConfig) -> np.ndarray:

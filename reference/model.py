@@ -16,7 +16,7 @@ from gemma_cy.model.checks import CheckedEngine, cache_length, non_finite_error
 from gemma_cy.model.observe import OBSERVED_OPS, observed_calls
 from gemma_cy.model.weights import Weights
 
-from .layers import F32Weights, KVCache, Observer, block, embed, final_norm, logits, no_observer
+from .layers import F32Weights, KVCache, Observer, block, embed, final_norm, logits, no_observer, per_layer_inputs
 
 __all__ = ["ReferenceEngine", "OBSERVED_OPS", "observed_calls"]
 
@@ -99,8 +99,10 @@ class ReferenceEngine(CheckedEngine):
             observe(-1, "embed", pos, x)
             if not np.all(np.isfinite(x)):
                 first_bad = -1
+            ple = per_layer_inputs(w, token, x, c) if c.per_layer_input_dim else None  # (n_layers, ple)
             for layer in range(c.n_layers):
-                x = block(x, w.layers[layer], layer, pos, self.cache, c, observe)  # (dim,)
+                x = block(x, w.layers[layer], layer, pos, self.cache, c, observe,
+                          None if ple is None else ple[layer])  # (dim,)
                 if first_bad is None and not np.all(np.isfinite(x)):
                     first_bad = layer
             xn = final_norm(x, w, c)  # (dim,)

@@ -157,10 +157,37 @@ def phi3_config():
                       bos_token_id=2)
 
 
-# arch -> (its transformers config, its vocabulary: "bpe" (SmolLM2's rule), "sp" (Gemma's SentencePiece)
-# or "sp_llama" (SentencePiece with Llama's settings: Phi-3's))
+def gemma4_config():
+    """Gemma 4 (text): six layers, local and global (pattern 3) with a
+    window of 8, shorter than every prompt; the global layers' heads twice
+    as wide (32) with v taken from k's projection (attention_k_eq_v) and
+    "proportional" RoPE over a quarter of the head; the last three layers
+    reading the caches of layers 1 and 2 (num_kv_shared_layers: the layer
+    before them global, as in the released models, where llama.cpp's fixed
+    offsets and transformers' "last layer of the same kind" agree) with a
+    double-wide MLP; per-layer inputs of 32; a final soft-cap of 5. No
+    mixture-of-experts block (not yet implemented)."""
+    from transformers import Gemma4TextConfig
+
+    return Gemma4TextConfig(
+        vocab_size=TOKENIZER_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=512,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, sliding_window=8,
+        final_logit_softcapping=5.0, hidden_size_per_layer_input=32, vocab_size_per_layer_input=TOKENIZER_VOCAB,
+        attention_k_eq_v=True, num_kv_shared_layers=3, use_double_wide_mlp=True, rms_norm_eps=1e-6,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=True)
+
+
+# arch -> (its transformers config, its vocabulary: "bpe" (SmolLM2's rule), "sp" (Gemma's SentencePiece),
+# "sp_llama" (SentencePiece with Llama's settings: Phi-3's) or "gemma_bpe" (Gemma 4's merges BPE))
 ARCHS = {"qwen3": (qwen3_config, "bpe"), "gemma2": (gemma2_config, "sp"), "gemma": (gemma_config, "sp"),
-         "llama3": (llama3_config, "bpe"), "qwen2": (qwen2_config, "bpe"), "phi3": (phi3_config, "sp_llama")}
+         "llama3": (llama3_config, "bpe"), "qwen2": (qwen2_config, "bpe"), "phi3": (phi3_config, "sp_llama"),
+         "gemma4": (gemma4_config, "gemma_bpe")}
+# Files per architecture: every converter and quantizer type, but for Gemma 4 (F32 and Q8_0: the BF16
+# reading is proven on the others), whose per-layer
+# embedding would make them large and whose rows of 64 leave the K-quants to their fallbacks anyway.
+ARCH_OUTTYPES = {"gemma4": ("f32", "q8_0")}
+GEMMA4_GAIN_STD = 0.3  # Gemma 4's gains are used as stored (x * w): drawn around 1 so that they matter
 BIAS_SCALE = 0.5  # std of the random q/k/v biases
 
 
@@ -222,6 +249,46 @@ class BPEVocab:
         return self.tok.decode(ids)
 
 
+class GemmaBPEVocab:
+    """Gemma 4's tokenizer: transformers' GemmaTokenizer (a BPE with ranked
+    merges and byte fallback over text with spaces as U+2581) over a
+    vocabulary the ``tokenizers`` trainer makes here: Gemma's specials, the
+    256 byte tokens, merges up to TOKENIZER_VOCAB; the converter writes it
+    as ``tokenizer.ggml.model`` "gemma4" with its merges."""
+
+    def __init__(self):
+        import json as _json
+
+        from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+        from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+        from make_smollm2_goldens import smollm2_corpus
+
+        specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+        bpe = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+        bpe.normalizer = normalizers.Replace(" ", "\u2581")
+        bpe.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+        trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, limit_alphabet=120, show_progress=False,
+                                      special_tokens=specials + [f"<0x{b:02X}>" for b in range(256)])
+        bpe.train_from_iterator((smollm2_corpus() + [text for _, text in PROMPTS]) * 2, trainer)
+        merges = _json.loads(bpe.to_str())["model"]["merges"]
+        self.tok = GemmaTokenizer(vocab=bpe.get_vocab(), merges=[tuple(m) if isinstance(m, list)
+                                                                  else tuple(m.split(" ")) for m in merges])
+        self.size, self.eos_id = len(self.tok), self.tok.convert_tokens_to_ids("<eos>")
+        self.bos_id = self.tok.convert_tokens_to_ids("<bos>")
+
+    def save(self, directory: str) -> None:
+        self.tok.save_pretrained(directory)
+
+    def encode(self, text: str) -> list[int]:
+        """BOS first, as the file says (add_bos_token: a GemmaTokenizer made
+        from a vocabulary and merges adds none of its own)."""
+        return [self.bos_id] + self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
+
+
 class SPVocab:
     """A SentencePiece BPE model with Gemma's settings (no dummy prefix,
     byte fallback, digits split, whitespace kept; pad 0, eos 1, bos 2, unk
@@ -271,7 +338,7 @@ def make_hf(arch: str, out: Path) -> None:
     torch.manual_seed(SEED)
     torch.set_num_threads(2)
     make_config, kind = ARCHS[arch]
-    tok = BPEVocab() if kind == "bpe" else SPVocab(llama_settings=kind == "sp_llama")
+    tok = {"bpe": BPEVocab, "gemma_bpe": GemmaBPEVocab}.get(kind, lambda: SPVocab(llama_settings=kind == "sp_llama"))()
     config = make_config()
     config.vocab_size = tok.size
     config.eos_token_id = tok.eos_id
@@ -284,6 +351,11 @@ def make_hf(arch: str, out: Path) -> None:
                 p.mul_(WEIGHT_SCALE)
             elif name.endswith(".bias"):
                 p.normal_(0.0, BIAS_SCALE)
+            elif arch == "gemma4":
+                p.normal_(1.0, GEMMA4_GAIN_STD)
+        for name, b in model.named_buffers():
+            if arch == "gemma4" and name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -291,15 +363,17 @@ def make_hf(arch: str, out: Path) -> None:
         tok.save(tmp)
         llama = converter_source()
         env = dict(os.environ, PYTHONPATH=str(llama / "gguf-py"))
-        for outtype in OUTTYPES:
+        for outtype in ARCH_OUTTYPES.get(arch, OUTTYPES):
             subprocess.run([sys.executable, "-c", CONVERT.format(llama=str(llama)), tmp, "--outtype", outtype,
                             "--outfile", str(out / f"model-{outtype}.gguf")], check=True, env=env)
     records = oracle_records(model, tok, out, "")
-    with torch.no_grad():  # the weights the BF16 file holds, in f32: its own oracle (vectors stay F32 there)
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.copy_(p.to(torch.bfloat16).float())
-    records_bf16 = oracle_records(model, tok, out, "_bf16")
+    records_bf16 = []
+    if "bf16" in ARCH_OUTTYPES.get(arch, OUTTYPES):
+        with torch.no_grad():  # the weights the BF16 file holds, in f32: its own oracle (vectors stay F32 there)
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.copy_(p.to(torch.bfloat16).float())
+        records_bf16 = oracle_records(model, tok, out, "_bf16")
     import transformers
     header = {"arch": arch, "oracle": f"transformers {transformers.__version__}, torch {torch.__version__}, f32, "
                                       f"eager attention", "converter": f"llama-cpp-python {LLAMA_CPP_VERSION}",
@@ -344,7 +418,7 @@ def make_llama_cpp(arch: str, out: Path) -> None:
     """Q4_K_M and Q6_K from the F32 file; llama.cpp's greedy ids on the F32 and Q8_0 files."""
     import llama_cpp
 
-    for name, ftype in QUANTIZED.items():
+    for name, ftype in QUANTIZED.items() if arch not in ARCH_OUTTYPES else ():
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = ftype
         params.nthread = 1

@@ -39,13 +39,30 @@ FILES = ("f32", "bf16", "q8_0", "q4_k_m", "q6_k")
 # Qwen 2 4.0e-7); the limit
 # leaves a margin of ~2x.
 RMS_LIMIT = 3e-6
+# Gemma 4's six layers (gains drawn around 1, per-layer inputs, a soft-cap):
+# measured up to 1.03e-5; both f32 programs are up to that far from the model
+# run in float64 (docs/numerics.md#tolerances).
+RMS_LIMITS = {"gemma4": 2e-5}
 # The q8 mode against llama.cpp on the Q8_0 file: the widest top-2 gap at
 # which they chose differently was 0.047 (of top logits ~2.5: these random
 # models' distributions are flat); above this, a different choice is an error.
 Q8_TIE_GAP = 0.1
-
+# llama.cpp against transformers on an F32 file: identical ids on every model
+# but Gemma 4's, where llama.cpp's last-position logits are rms 4e-4 to 3e-3
+# from transformers' (1e-6 on the others; the reference is 1e-5 from both
+# transformers and the model in float64): there its greedy ids may part from
+# transformers' at a step whose top-2 gap is under 2 sqrt(2) x 3e-3, and
+# gemma-cy gives transformers' ids (test_reference_matches_transformers).
+F32_TIE_GAPS = {"gemma4": 0.01}
 
 GGUF_ARCH = {"llama3": "llama"}  # a directory's architecture, where the GGUF names it differently
+FILES_OF = {"gemma4": ("f32", "q8_0")}  # Gemma 4's files (docs/model.md#architecture-oracles)
+# Gemma 4's per-layer sizes are not in the fast engine yet: it refuses them (test_fast_engine_refuses_gemma4).
+FAST_ARCHS = [arch for arch in ARCHS if arch != "gemma4"]
+
+
+def files(arch: str) -> tuple[str, ...]:
+    return FILES_OF.get(arch, FILES)
 
 
 def golden(arch: str) -> dict:
@@ -57,31 +74,31 @@ def path(arch: str, kind: str) -> str:
 
 
 def test_every_architecture_has_its_files():
-    assert ARCHS == ["gemma", "gemma2", "llama3", "phi3", "qwen2", "qwen3"]
+    assert ARCHS == ["gemma", "gemma2", "gemma4", "llama3", "phi3", "qwen2", "qwen3"]
     for arch in ARCHS:
-        for kind in FILES:
+        for kind in files(arch):
             assert (ROOT / arch / f"model-{kind}.gguf").exists(), (arch, kind)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_prompt_ids_are_the_hf_tokenizers(arch):
-    model = api.load(path(arch, "f32"), max_cache_len=64)
+    model = api.load(path(arch, "f32"), max_cache_len=64, engine="reference")
     assert model.weights.architecture == GGUF_ARCH.get(arch, arch)
     for p in golden(arch)["prompts"]:
         assert model.tokenize(p["text"]) == p["prompt_ids"], p["name"]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("kind, records", [("f32", "prompts"), ("bf16", "prompts_bf16")])
+@pytest.mark.parametrize("arch, kind, records", [(arch, kind, records) for arch in ARCHS for kind, records in (
+    ("f32", "prompts"), ("bf16", "prompts_bf16")) if kind in files(arch)])
 def test_reference_matches_transformers(arch, kind, records):
     from gemma_cy_reference.model import ReferenceEngine
 
     engine = ReferenceEngine(read_gguf_f32(path(arch, kind)), 512)
     for prompt in golden(arch)[records]:
-        reference_agrees_with_oracle(engine, prompt, ROOT / arch, RMS_LIMIT)
+        reference_agrees_with_oracle(engine, prompt, ROOT / arch, RMS_LIMITS.get(arch, RMS_LIMIT))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", FAST_ARCHS)
 @pytest.mark.parametrize("kind, activations", [(k, "f32") for k in FILES] +  # q8: integer matrices only
                          [(k, "q8") for k in FILES if k not in ("f32", "bf16")])
 def test_fast_equals_reference(arch, kind, activations):
@@ -121,18 +138,33 @@ def test_greedy_ids_are_llama_cpps(arch, kind, activations):
     (top-2 gap under Q8_TIE_GAP: the two roundings may choose differently
     there); printed."""
     from gemma_cy.fast.engine import FastEngine
+    from gemma_cy_reference.model import ReferenceEngine
 
-    fast = FastEngine(read_gguf(path(arch, kind)), 512, activations=activations)
+    weights = read_gguf(path(arch, kind))
+    engine = (FastEngine if arch in FAST_ARCHS else ReferenceEngine)(weights, 512, activations=activations)
     for p in golden(arch)["prompts"]:
         theirs = p[f"llama_cpp_{kind}"]
-        ours, gaps = greedy_ids(fast, p["prompt_ids"], len(theirs))
+        ours, gaps = greedy_ids(engine, p["prompt_ids"], len(theirs))
         step = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
         if step is None:
             continue
         print(f"{arch} {kind} {p['name']}: parts from llama.cpp at step {step}, top-2 gap {gaps[step]:.4f}")
-        assert kind == "q8_0" and gaps[step] < Q8_TIE_GAP, (
+        f32_tie = (kind == "f32" and theirs[:step + 1] != p["greedy_ids"][:step + 1]
+                   and p["step_margins"][step] < F32_TIE_GAPS.get(arch, 0.0))
+        assert f32_tie or (kind == "q8_0" and gaps[step] < Q8_TIE_GAP), (
             f"{arch} {kind} {p['name']}: step {step}: gemma-cy {ours[step]}, llama.cpp {theirs[step]}, "
             f"gap {gaps[step]:.4f}")
+
+
+def test_fast_engine_refuses_gemma4():
+    """Until the fast engine runs Gemma 4's per-layer sizes, a Gemma 4 file
+    is refused there in one line naming the way out, not run wrong."""
+    from gemma_cy.errors import ParameterError
+    from gemma_cy.fast.engine import FastEngine
+
+    with pytest.raises(ParameterError, match="engine='reference'") as e:
+        FastEngine(read_gguf(path("gemma4", "q8_0")), 64)
+    assert "\n" not in str(e.value)
 
 
 # An op that quantizes an intermediate of its own (the MLP's gated product

@@ -234,3 +234,44 @@ def test_partial_rope_rotates_the_first_dims_only(isa, pairing):
     np.testing.assert_array_equal(got[:, 12:], x[:, 12:])
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # the kernel may fuse a * cos - b * sin
     assert not np.array_equal(got[:, :12], x[:, :12])
+
+
+# ---------------------------------------------------------------- Gemma 4
+
+
+def test_gemma4_config_from_its_file():
+    c = read_gguf(str(ARCH / "gemma4" / "model-q8_0.gguf")).config
+    assert (c.head_dim, c.head_dim_global, c.kv_shared_layers, c.per_layer_input_dim) == (16, 32, 3, 32)
+    assert c.attn_k_eq_v and c.v_norm and c.layer_scalars and c.rope_freqs_global_only and c.query_scale == 1.0
+    assert c.mlp_dims == (128, 128, 128, 256, 256, 256) and c.sliding_window_pattern == 3
+    assert [c.kv_source(layer) for layer in range(6)] == [0, 1, 2, 1, 1, 2]
+    assert [c.has_v_proj(layer) for layer in range(6)] == [True, True, False, True, True, False]
+    assert c.final_softcap == 5.0 and not c.uniform_layers
+
+
+@pytest.mark.parametrize("drop, put, needle", [
+    ({"blk.1.attn_k.weight"}, None, "missing tensor 'blk.1.attn_k.weight'"),
+    ({"per_layer_token_embd.weight"}, None, "missing tensor 'per_layer_token_embd.weight'"),
+    ((), {"blk.4.attn_k_norm.weight": np.ones(16)}, "unexpected tensor 'blk.4.attn_k_norm.weight'"),
+    ((), {"blk.5.attn_v.weight": np.ones((64, 64))}, "unexpected tensor 'blk.5.attn_v.weight'"),
+])
+def test_gemma4_tensor_set_follows_its_layers(tmp_path, drop, put, needle):
+    refused(copy_gguf(ARCH / "gemma4" / "model-f32.gguf", tmp_path / "m.gguf", drop=drop, put=put), needle)
+
+
+def test_gemma4_with_experts_is_refused(tmp_path):
+    gf = parse_gguf(str(ARCH / "gemma4" / "model-f32.gguf"))
+    fields = dict(gf.fields)
+    fields["gemma4.expert_count"] = 8
+    path = tmp_path / "moe.gguf"
+    write_gguf(path, fields, [TensorData(n, t.ggml_type, t.dims, np.array(gf.raw(n))) for n, t in gf.tensors.items()])
+    refused(str(path), "gemma4.expert_count", "mixture-of-experts")
+
+
+@pytest.mark.parametrize("shared, needle", [(6, "kv_shared_layers = 6"), (-1, "kv_shared_layers = -1")])
+def test_shared_layers_need_a_layer_of_their_kind(shared, needle):
+    from gemma_cy.model.config import ModelConfig
+
+    with pytest.raises(ModelFormatError, match=needle):
+        ModelConfig(n_layers=6, dim=64, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=64, vocab_size=8,
+                    max_seq_len=8, sliding_window=4, sliding_window_pattern=3, kv_shared_layers=shared)

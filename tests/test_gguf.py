@@ -345,7 +345,7 @@ def test_config_from_metadata_keys(tmp_path, extra, field, value):
 
 def test_unsupported_architecture(tmp_path):
     path = write_tiny(tmp_path / "bert.gguf", fields=tiny_fields(**{"general.architecture": "bert"}))
-    msg = reject(path, "architecture 'bert' is not supported", "supported: gemma, gemma2, gemma3, llama, phi3, qwen2, qwen3")
+    msg = reject(path, "architecture 'bert' is not supported", "supported: gemma, gemma2, gemma3, gemma4, llama, phi3, qwen2, qwen3")
     assert msg.startswith(path)
 
 
@@ -1164,7 +1164,7 @@ def test_parse_leaves_the_tensor_data_unmapped(tmp_path):
     assert _mapped_rss_kb(path) > 4096
 
 
-@pytest.mark.parametrize("model", ["bert", "t5", "gemma4", "rwkv", "no_vocab"])
+@pytest.mark.parametrize("model", ["bert", "t5", "plamo2", "rwkv", "no_vocab"])
 def test_a_tokenizer_model_gemma_cy_does_not_read_is_refused(tmp_path, model):
     """Not read as SentencePiece (ids a different model's): one line naming it."""
     from gemma_cy.api import tokenizer_from_gguf

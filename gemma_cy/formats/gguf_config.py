@@ -12,7 +12,7 @@ from ..model.config import ModelConfig
 from .gguf_reader import (ARRAY, BOOL, F32_ID, FLOAT_TYPES, INTEGER_TYPES, STRING, VALUE_TYPE_NAMES, GGUFFile,
                           StringArray, type_name)
 
-SUPPORTED_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "llama", "phi3", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "gemma4", "llama", "phi3", "qwen2", "qwen3")
 # LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini): the short factors are read as
 # rope_freqs; the long ones, for contexts past the original, are checked and left.
 ROPE_FACTORS_SHORT, ROPE_FACTORS_LONG = "rope_factors_short.weight", "rope_factors_long.weight"
@@ -69,7 +69,8 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     ids from ``tokenizer.ggml.*``; vocab_size is the embedding's row count;
     no position table; tied embeddings when there is no ``output.weight``.
     The architecture's own switches: ``_gemma_switches``, ``_gemma2_switches``, ``_gemma3_switches``,
-    ``_llama_switches``, ``_phi3_switches``, ``_qwen2_switches``, ``_qwen3_switches``.
+    ``_llama_switches``, ``_phi3_switches``, ``_qwen2_switches``, ``_qwen3_switches``,
+    ``_gemma4_switches`` (which also sets the sizes that differ per layer).
     """
     arch_field = gf.fields.get("general.architecture")
     if arch_field is None or arch_field.type != STRING:
@@ -90,7 +91,7 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     n_heads = m.int("{arch}.attention.head_count")
     head_dim = m.int("{arch}.attention.key_length", default=dim // n_heads)
     value_len = m.int("{arch}.attention.value_length", default=head_dim)
-    if value_len != head_dim:
+    if value_len != head_dim:  # (Gemma 4: the global layers' sizes)
         raise m.fail(f"metadata {arch}.attention.value_length = {value_len} differs from key_length "
                      f"= {head_dim}; one head_dim is supported")
     scaling = gf.value(f"{arch}.rope.scaling.type", "none")
@@ -108,14 +109,15 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     vocab_size = emb.dims[1]
     _check_vocab_metadata(gf, vocab_size)
     switches = {"gemma": _gemma_switches, "gemma2": _gemma2_switches, "gemma3": _gemma3_switches,
-                "llama": _llama_switches, "phi3": _phi3_switches, "qwen2": _qwen2_switches,
-                "qwen3": _qwen3_switches}[arch](gf, m, n_layers, dim, n_heads, head_dim)
+                "gemma4": _gemma4_switches, "llama": _llama_switches, "phi3": _phi3_switches,
+                "qwen2": _qwen2_switches, "qwen3": _qwen3_switches}[arch](gf, m, n_layers, dim, n_heads, head_dim)
     eos_ids = [special["eos"], special["eot"]] + switches.pop("extra_eos_ids")
     try:
         return ModelConfig(
             n_layers=n_layers, dim=dim, n_heads=n_heads,
-            n_kv_heads=m.int("{arch}.attention.head_count_kv", default=n_heads),
-            head_dim=head_dim, mlp_dim=m.int("{arch}.feed_forward_length"),
+            n_kv_heads=switches.pop("n_kv_heads", None) or m.int("{arch}.attention.head_count_kv", default=n_heads),
+            head_dim=switches.pop("head_dim", head_dim),
+            mlp_dim=switches.pop("mlp_dim", None) or m.int("{arch}.feed_forward_length"),
             vocab_size=vocab_size, max_seq_len=switches.pop("max_seq_len", None) or m.int("{arch}.context_length"),
             position_table=False,
             tied_embeddings="output.weight" not in gf.tensors,
@@ -164,6 +166,81 @@ def _gemma3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
         attn_softcap=m.float("{arch}.attn_logit_softcapping", 0.0),
         final_softcap=m.float("{arch}.final_logit_softcapping", 0.0),
         extra_eos_ids=[] if has_eot else [_token_id(gf, "<end_of_turn>")])
+
+
+def _per_layer_ints(gf: GGUFFile, m: _Meta, key: str, n_layers: int) -> list[int] | None:
+    """Metadata ``key`` as one integer per layer (an array of n_layers, or one
+    integer for all), or None when absent."""
+    f = gf.fields.get(key.format(arch=m.arch))
+    if f is None:
+        return None
+    if f.type != ARRAY:
+        return [m.int(key)] * n_layers
+    if f.item_type not in INTEGER_TYPES or len(f.value) != n_layers or any(int(v) < 1 for v in f.value):
+        raise m.fail(f"metadata {key.format(arch=m.arch)}: expected {n_layers} integers >= 1, found "
+                     f"{len(f.value)} of {VALUE_TYPE_NAMES[f.item_type]}")
+    return [int(v) for v in f.value]
+
+
+def _gemma4_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,
+                     head_dim: int) -> dict:
+    """Gemma 4's (text model) ModelConfig (docs/model.md#gemma-4): Gemma 3's
+    block with gains as stored (its converter adds no 1: transformers'
+    Gemma4RMSNorm is x * w), scores unscaled (query scale 1), v RMS-normed
+    without a gain, each layer's output times its ``layer_output_scale``,
+    and sizes per layer kind: ``attention.key_length`` is the global layers'
+    head_dim and ``key_length_swa`` the local ones'; ``head_count_kv`` and
+    ``feed_forward_length`` may be one value per layer (the double-wide MLP
+    of shared layers). ``attention.shared_kv_layers``: the last N layers read
+    the cache of the last earlier layer of their kind. A global layer without
+    ``attn_v`` takes v from k's projection. ``embedding_length_per_layer_input``
+    switches the per-layer inputs on. RoPE: the local layers over the whole
+    head with ``rope.freq_base_swa``; the global ones with ``rope.freq_base``
+    and the ``rope_freqs`` divisors (1, or 1e30 for the pairs transformers'
+    "proportional" RoPE leaves unrotated). Mixture-of-experts files are
+    refused (not yet implemented)."""
+    if m.int("{arch}.expert_count", default=0, low=0):
+        raise m.fail(f"metadata {m.arch}.expert_count: Gemma 4's mixture-of-experts block is not yet supported")
+    local_hd = m.int("{arch}.attention.key_length_swa", default=head_dim)
+    if m.int("{arch}.attention.value_length_swa", default=local_hd) != local_hd:
+        raise m.fail(f"metadata {m.arch}.attention.value_length_swa differs from key_length_swa = {local_hd}")
+    for key, want in (("{arch}.rope.dimension_count", head_dim), ("{arch}.rope.dimension_count_swa", local_hd)):
+        if m.int(key, default=want) != want:
+            raise m.fail(f"metadata {key.format(arch=m.arch)} = {m.int(key)}: partial RoPE is expressed by "
+                         f"rope_freqs in Gemma 4; expected the whole head, {want}")
+    pattern = _swa_pattern(gf, m, m.arch, n_layers)
+    local = [(layer + 1) % pattern != 0 if pattern else True for layer in range(n_layers)]
+    kv = _per_layer_ints(gf, m, "{arch}.attention.head_count_kv", n_layers) or [n_heads] * n_layers
+    mlp = _per_layer_ints(gf, m, "{arch}.feed_forward_length", n_layers)
+    if mlp is None:
+        raise m.fail(f"metadata {m.arch}.feed_forward_length is missing")
+    kv_local = {k for k, is_local in zip(kv, local) if is_local}
+    kv_global = {k for k, is_local in zip(kv, local) if not is_local}
+    if len(kv_local) > 1 or len(kv_global) > 1:
+        raise m.fail(f"metadata {m.arch}.attention.head_count_kv: one value per layer kind expected, found {kv}")
+    first_global = next((layer for layer in range(n_layers) if not local[layer]), None)
+    k_eq_v = first_global is not None and f"blk.{first_global}.attn_v.weight" not in gf.tensors \
+        and f"blk.{first_global}.attn_k.weight" in gf.tensors
+    has_eot = "tokenizer.ggml.eot_token_id" in gf.fields
+    n_kv = kv_local.pop() if kv_local else kv[0]
+    return dict(
+        activation="gelu_tanh", rope_pairing="half_split",
+        rope_base=m.float("{arch}.rope.freq_base", GEMMA3_ROPE_BASE),
+        rope_base_local=m.float("{arch}.rope.freq_base_swa", GEMMA3_ROPE_BASE_LOCAL),
+        rope_freqs="rope_freqs.weight" in gf.tensors, rope_freqs_global_only=True,
+        norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        norm_gain="plain", embed_scale=float(np.float32(math.sqrt(dim))),
+        qk_norm=True, post_norms=True, v_norm=True, layer_scalars=True, query_scale=1.0,
+        sliding_window=m.int("{arch}.attention.sliding_window"), sliding_window_pattern=pattern,
+        final_softcap=m.float("{arch}.final_logit_softcapping", 0.0),
+        head_dim=local_hd, head_dim_global=head_dim if head_dim != local_hd else 0,
+        n_kv_heads=n_kv, n_kv_heads_global=kv_global.pop() if kv_global and kv_global != {n_kv} else 0,
+        mlp_dim=max(mlp), mlp_dims=tuple(mlp) if len(set(mlp)) > 1 else (),
+        kv_shared_layers=m.int("{arch}.attention.shared_kv_layers", default=0, low=0),
+        attn_k_eq_v=k_eq_v,
+        per_layer_input_dim=m.int("{arch}.embedding_length_per_layer_input", default=0, low=0),
+        extra_eos_ids=[] if has_eot else [i for i in (_token_id(gf, "<turn|>"), _token_id(gf, "<end_of_turn>"))
+                                          if i is not None])
 
 
 def _gemma_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: int,

@@ -26,13 +26,18 @@ from .gguf_reader import F32_ID, Q8_0_ID, GGUFFile, close_quietly, parse_gguf
 # llama.cpp tensor names -> Weights names (gemma_cy.model.weights); per layer
 # "blk.{l}.<key>.weight" -> "layers.{l}.<value>"
 GLOBAL_TENSOR_NAMES = {"token_embd.weight": "embed_tokens", "output_norm.weight": "final_norm",
-                       "output.weight": "lm_head", "rope_freqs.weight": "rope_freqs"}
+                       "output.weight": "lm_head", "rope_freqs.weight": "rope_freqs",
+                       "per_layer_token_embd.weight": "embed_per_layer",  # Gemma 4's per-layer inputs
+                       "per_layer_model_proj.weight": "per_layer_model_proj",
+                       "per_layer_proj_norm.weight": "per_layer_proj_norm"}
 LAYER_TENSOR_NAMES = {
     "attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
     "ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj",
     "attn_norm": "attn_norm", "ffn_norm": "ffn_norm",
     "post_attention_norm": "post_attn_norm", "post_ffw_norm": "post_ffn_norm",
     "attn_q_norm": "q_norm", "attn_k_norm": "k_norm",
+    "inp_gate": "ple_gate", "proj": "ple_proj", "post_norm": "ple_post_norm",  # Gemma 4
+    "layer_output_scale": "layer_scalar",
 }
 LAYER_BIAS_NAMES = {"attn_q": "q_bias", "attn_k": "k_bias", "attn_v": "v_bias"}  # "blk.{l}.<key>.bias"
 # Phi-3's fused matrices (docs/model.md#phi-3): "blk.{l}.<key>.weight" holds

@@ -35,10 +35,15 @@ def check_activation_mode(activations, config: ModelConfig, tensors: Mapping[str
     model's, when given) must hold no f32 matrix (GGUF F32, F16, BF16)."""
     if activations not in ACTIVATION_MODES:
         raise ParameterError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
-    widths = (config.dim, config.q_dim, config.mlp_dim)
-    if activations == "q8" and any(width % Q8_0_BLOCK for width in widths):
+    c = config
+    layers = range(c.n_layers)
+    widths = (c.dim, max(c.n_heads * c.head_dim_of(layer) for layer in layers), max(map(c.mlp_dim_of, layers)))
+    every = (*widths, *(c.n_heads * c.head_dim_of(layer) for layer in layers), *map(c.mlp_dim_of, layers),
+             c.per_layer_input_dim)  # Gemma 4's layers differ in widths
+    if activations == "q8" and any(width % Q8_0_BLOCK for width in every):
         raise ParameterError(f"activations = 'q8' needs dim, n_heads*head_dim and mlp_dim to be multiples "
-                             f"of {Q8_0_BLOCK}; this model has {widths[0]}, {widths[1]}, {widths[2]}")
+                             f"of {Q8_0_BLOCK}; this model has {widths[0]}, {widths[1]}, {widths[2]}"
+                             + (f" (per-layer input width {c.per_layer_input_dim})" if c.per_layer_input_dim else ""))
     if activations == "q8" and tensors is not None:
         for name, tensor in tensors.items():
             if isinstance(tensor, F32Tensor) and len(tensor.shape) == 2:

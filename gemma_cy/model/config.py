@@ -48,6 +48,16 @@ class ModelConfig:
     rope_freqs: bool = False  # Llama 3: the "rope_freqs" tensor divides pair j's frequency, every layer
     rope_dims: int = 0  # dims of each head RoPE rotates (the first ones); 0 = all (Phi-4-mini: 3/4)
     rope_attn_factor: float = 1.0  # LongRoPE: cos and sin multiplied by it
+    rope_freqs_global_only: bool = False  # Gemma 4: rope_freqs divide the global layers' frequencies only
+    # Gemma 4 (docs/model.md#gemma-4): layers that differ from each other
+    head_dim_global: int = 0  # head_dim of the global (full-attention) layers; 0 = head_dim
+    n_kv_heads_global: int = 0  # key/value heads of the global layers; 0 = n_kv_heads
+    mlp_dims: tuple[int, ...] = ()  # each layer's MLP width; () = mlp_dim everywhere
+    kv_shared_layers: int = 0  # the last N layers attend over the cache of the last earlier layer of their kind
+    attn_k_eq_v: bool = False  # global layers have no v_proj: v is k's projection (before k-norm and RoPE)
+    v_norm: bool = False  # v RMS-normalized over head_dim, without a gain
+    layer_scalars: bool = False  # each layer's output times its "layer_scalar" (1,)
+    per_layer_input_dim: int = 0  # Gemma 4's per-layer inputs: a second embedding gated into every layer
     post_norms: bool = False  # sandwich norms after attention and MLP
     query_scale: float | None = None  # scores *= this; None = 1/sqrt(head_dim)
     sliding_window: int = 0  # local layers attend to the last N positions; 0 = off
@@ -78,6 +88,40 @@ class ModelConfig:
         if self.query_scale is not None:
             return self.query_scale
         return 1.0 / math.sqrt(self.head_dim)
+
+    def head_dim_of(self, layer: int) -> int:
+        """head_dim of ``layer``: head_dim_global on a global layer when set."""
+        return self.head_dim_global if self.head_dim_global and not self.is_local(layer) else self.head_dim
+
+    def n_kv_heads_of(self, layer: int) -> int:
+        """Key/value heads of ``layer``: n_kv_heads_global on a global layer when set."""
+        return self.n_kv_heads_global if self.n_kv_heads_global and not self.is_local(layer) else self.n_kv_heads
+
+    def mlp_dim_of(self, layer: int) -> int:
+        """The MLP width of ``layer``."""
+        return self.mlp_dims[layer] if self.mlp_dims else self.mlp_dim
+
+    def has_v_proj(self, layer: int) -> bool:
+        """False on a global layer of a model whose v is k's projection (attn_k_eq_v)."""
+        return not (self.attn_k_eq_v and not self.is_local(layer))
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values ``layer`` attends over: itself, or
+        for one of the last kv_shared_layers layers the last layer before
+        them of the same kind (local or global)."""
+        first_shared = self.n_layers - self.kv_shared_layers
+        if layer < first_shared:
+            return layer
+        local = self.is_local(layer)
+        return max(l for l in range(first_shared) if self.is_local(l) == local)
+
+    @property
+    def uniform_layers(self) -> bool:
+        """Every layer has the same sizes and plain attention (what the fast
+        engine runs): none of Gemma 4's per-layer switches is on."""
+        return not (self.head_dim_global or self.n_kv_heads_global or self.mlp_dims or self.kv_shared_layers
+                    or self.attn_k_eq_v or self.v_norm or self.layer_scalars or self.per_layer_input_dim
+                    or self.rope_freqs_global_only)
 
     @property
     def rotary_dims(self) -> int:
@@ -122,6 +166,23 @@ class ModelConfig:
                 or self.rope_dims % 2 or self.rope_dims > self.head_dim):
             raise ModelFormatError(f"config: rope_dims = {self.rope_dims!r}, must be even and in [0, head_dim = "
                                    f"{self.head_dim}] (0 = the whole head)")
+        for name in ("head_dim_global", "n_kv_heads_global", "kv_shared_layers", "per_layer_input_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ModelFormatError(f"config: {name} = {value!r}, must be an integer >= 0 (0 = off)")
+        if self.head_dim_global % 2 or (self.n_kv_heads_global and self.n_heads % self.n_kv_heads_global):
+            raise ModelFormatError(f"config: head_dim_global = {self.head_dim_global} must be even and "
+                                   f"n_kv_heads_global = {self.n_kv_heads_global} divide n_heads = {self.n_heads}")
+        if self.mlp_dims and (len(self.mlp_dims) != self.n_layers or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.mlp_dims)):
+            raise ModelFormatError(f"config: mlp_dims = {self.mlp_dims!r}, must be {self.n_layers} integers > 0")
+        if self.kv_shared_layers:
+            first_shared = self.n_layers - self.kv_shared_layers
+            kinds = {self.is_local(l) for l in range(max(first_shared, 0))}
+            if first_shared < 1 or any(self.is_local(l) not in kinds for l in range(first_shared, self.n_layers)):
+                raise ModelFormatError(f"config: kv_shared_layers = {self.kv_shared_layers}: every shared layer needs "
+                                       f"an earlier layer of its kind (local or global) among the first "
+                                       f"{max(first_shared, 0)}")
         if self.activation not in GATE_ACTIVATIONS:
             raise ModelFormatError(f"config: activation = {self.activation!r}, expected one of {GATE_ACTIVATIONS}")
         if self.rope_pairing not in ROPE_PAIRINGS:

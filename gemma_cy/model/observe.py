@@ -49,11 +49,13 @@ def observed_calls(n_layers: int) -> list[tuple[int, str]]:
     return calls
 
 
-def op_shape(config: ModelConfig, op: str) -> tuple[int, ...]:
-    """Shape of the value observed for ``op`` in a model with ``config``."""
+def op_shape(config: ModelConfig, op: str, layer: int = 0) -> tuple[int, ...]:
+    """Shape of the value observed for ``op`` of ``layer`` in a model with ``config``
+    (Gemma 4's layers differ in head_dim and kv heads)."""
     c = config
-    shapes = {"q": (c.n_heads, c.head_dim), "k": (c.n_kv_heads, c.head_dim),
-              "v": (c.n_kv_heads, c.head_dim), "attn_out": (c.q_dim,), "logits": (c.vocab_size,)}
+    hd, nkv = c.head_dim_of(layer), c.n_kv_heads_of(layer)
+    shapes = {"q": (c.n_heads, hd), "k": (nkv, hd),
+              "v": (nkv, hd), "attn_out": (c.n_heads * hd,), "logits": (c.vocab_size,)}
     if op not in OBSERVED_OPS:
         raise ValueError(f"op = {op!r}, expected one of {OBSERVED_OPS}")
     return shapes.get(op, (c.dim,))

@@ -20,6 +20,15 @@ qd = n_heads*head_dim):
     layers.{l}.k_bias       (kv,)                only when config.qkv_bias
     layers.{l}.v_bias       (kv,)                only when config.qkv_bias
     layers.{l}.post_attn_norm (dim,)             only when config.post_norms
+    (Gemma 4, docs/model.md#gemma-4: sizes per layer; a layer that reads another's
+    cache has no k_proj, v_proj, k_norm; a global layer with attn_k_eq_v no v_proj)
+    layers.{l}.ple_gate     (ple, dim)           only when config.per_layer_input_dim (= ple)
+    layers.{l}.ple_proj     (dim, ple)
+    layers.{l}.ple_post_norm (dim,)
+    layers.{l}.layer_scalar (1,)                 only when config.layer_scalars
+    embed_per_layer         (vocab_size, n_layers*ple)   only when config.per_layer_input_dim
+    per_layer_model_proj    (n_layers*ple, dim)
+    per_layer_proj_norm     (ple,)
     layers.{l}.post_ffn_norm  (dim,)             only when config.post_norms
     final_norm              (dim,)
     rope_freqs              (rotary_dims/2,)     only when config.rope_freqs
@@ -46,35 +55,54 @@ LAYER_NORMS = ("attn_norm", "ffn_norm")
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor a model with ``config`` needs."""
+    """Name -> shape of every tensor a model with ``config`` needs (sizes per
+    layer: ``head_dim_of``, ``n_kv_heads_of``, ``mlp_dim_of``)."""
     c = config
     shapes: dict[str, tuple[int, ...]] = {"embed_tokens": (c.vocab_size, c.dim)}
     if c.position_table:
         shapes["embed_positions"] = (c.max_seq_len, c.dim)
+    ple = c.per_layer_input_dim
+    if ple:
+        shapes["embed_per_layer"] = (c.vocab_size, c.n_layers * ple)
+        shapes["per_layer_model_proj"] = (c.n_layers * ple, c.dim)
+        shapes["per_layer_proj_norm"] = (ple,)
     for layer in range(c.n_layers):
         p = f"layers.{layer}."
-        shapes[p + "q_proj"] = (c.q_dim, c.dim)
-        shapes[p + "k_proj"] = (c.kv_dim, c.dim)
-        shapes[p + "v_proj"] = (c.kv_dim, c.dim)
-        shapes[p + "o_proj"] = (c.dim, c.q_dim)
-        shapes[p + "gate_proj"] = (c.mlp_dim, c.dim)
-        shapes[p + "up_proj"] = (c.mlp_dim, c.dim)
-        shapes[p + "down_proj"] = (c.dim, c.mlp_dim)
+        hd, mlp = c.head_dim_of(layer), c.mlp_dim_of(layer)
+        qd, kvd = c.n_heads * hd, c.n_kv_heads_of(layer) * hd
+        own_kv = c.kv_source(layer) == layer
+        shapes[p + "q_proj"] = (qd, c.dim)
+        if own_kv:
+            shapes[p + "k_proj"] = (kvd, c.dim)
+            if c.has_v_proj(layer):
+                shapes[p + "v_proj"] = (kvd, c.dim)
+        shapes[p + "o_proj"] = (c.dim, qd)
+        shapes[p + "gate_proj"] = (mlp, c.dim)
+        shapes[p + "up_proj"] = (mlp, c.dim)
+        shapes[p + "down_proj"] = (c.dim, mlp)
         shapes[p + "attn_norm"] = (c.dim,)
         shapes[p + "ffn_norm"] = (c.dim,)
         if c.qk_norm:
-            shapes[p + "q_norm"] = (c.head_dim,)
-            shapes[p + "k_norm"] = (c.head_dim,)
+            shapes[p + "q_norm"] = (hd,)
+            if own_kv:
+                shapes[p + "k_norm"] = (hd,)
         if c.qkv_bias:
-            shapes[p + "q_bias"] = (c.q_dim,)
-            shapes[p + "k_bias"] = (c.kv_dim,)
-            shapes[p + "v_bias"] = (c.kv_dim,)
+            shapes[p + "q_bias"] = (qd,)
+            shapes[p + "k_bias"] = (kvd,)
+            shapes[p + "v_bias"] = (kvd,)
         if c.post_norms:
             shapes[p + "post_attn_norm"] = (c.dim,)
             shapes[p + "post_ffn_norm"] = (c.dim,)
+        if ple:
+            shapes[p + "ple_gate"] = (ple, c.dim)
+            shapes[p + "ple_proj"] = (c.dim, ple)
+            shapes[p + "ple_post_norm"] = (c.dim,)
+        if c.layer_scalars:
+            shapes[p + "layer_scalar"] = (1,)
     shapes["final_norm"] = (c.dim,)
     if c.rope_freqs:
-        shapes["rope_freqs"] = (c.rotary_dims // 2,)
+        shapes["rope_freqs"] = ((c.head_dim_global or c.head_dim) // 2 if c.rope_freqs_global_only
+                                else c.rotary_dims // 2,)
     if not c.tied_embeddings:
         shapes["lm_head"] = (c.vocab_size, c.dim)
     return shapes

@@ -58,6 +58,57 @@ def byte_alphabet() -> list[str]:
     return chars
 
 
+def check_vocab_sizes(where: str, tokens, types, bos_id, eos_id, unk_id, pad_id) -> int:
+    """The vocabulary's size; ModelFormatError when it is empty, its types do
+    not match its tokens, or a special id is outside it."""
+    n = len(tokens)
+    if n == 0:
+        raise ModelFormatError(f"{where}: vocab_size is 0, must be > 0")
+    if len(types) != n:
+        raise ModelFormatError(f"{where}: {len(types)} token types for {n} tokens; must equal vocab_size")
+    for field, value in (("bos_id", bos_id), ("eos_id", eos_id), ("unk_id", unk_id), ("pad_id", pad_id)):
+        if value is not None and (type(value) is not int or not 0 <= value < n):
+            raise ModelFormatError(f"{where}: {field} {value!r} must be in [0, vocab_size {n})")
+    return n
+
+
+def merges_vocab_fields(path, model: str, what: str) -> dict:
+    """The ``tokenizer.ggml.*`` fields of a vocabulary with ranked merges
+    (``path`` or a parsed GGUFFile whose ``tokenizer.ggml.model`` must be
+    ``model``): tokens, types, merges, special ids (bos and eos required),
+    add_bos / add_eos / pre (None when absent), the chat template and the
+    source name. A missing or mistyped key is a one-line ModelFormatError
+    naming ``what`` needs it."""
+    from ..formats import gguf_reader
+
+    gf = path if isinstance(path, gguf_reader.GGUFFile) else gguf_reader.parse_gguf(path)
+    name = gf.path
+
+    def get(key: str, kinds: tuple[int, ...], item_kinds: tuple[int, ...] | None = None, required=True):
+        f = gf.fields.get(key)
+        if f is None:
+            if required:
+                raise ModelFormatError(f"{name}: metadata key {key} missing; {what} needs it")
+            return None
+        if f.type not in kinds or (item_kinds is not None and f.item_type not in item_kinds):
+            raise ModelFormatError(f"{name}: metadata key {key} has type {gguf_reader.type_name(f)}")
+        return f.value
+
+    found = get("tokenizer.ggml.model", (gguf_reader.STRING,))
+    if found != model:
+        raise ModelFormatError(f"{name}: tokenizer.ggml.model is {found!r}; {what} needs {model!r}")
+    return {
+        "tokens": get("tokenizer.ggml.tokens", (gguf_reader.ARRAY,), (gguf_reader.STRING,)),
+        "types": [int(t) for t in get("tokenizer.ggml.token_type", (gguf_reader.ARRAY,), gguf_reader.INTEGER_TYPES)],
+        "merges": get("tokenizer.ggml.merges", (gguf_reader.ARRAY,), (gguf_reader.STRING,)),
+        "special": {key: get(f"tokenizer.ggml.{key}_token_id", gguf_reader.INTEGER_TYPES,
+                             required=key in ("bos", "eos")) for key in ("bos", "eos", "unknown", "padding")},
+        "add_bos": get("tokenizer.ggml.add_bos_token", (gguf_reader.BOOL,), required=False),
+        "add_eos": get("tokenizer.ggml.add_eos_token", (gguf_reader.BOOL,), required=False),
+        "pre": get("tokenizer.ggml.pre", (gguf_reader.STRING,), required=False),
+        "chat_template": template_from_gguf(gf), "source": name}
+
+
 class BPETokenizer(PieceTable):
     """Byte-level BPE over a GGUF vocab (module docstring).
 
@@ -74,14 +125,7 @@ class BPETokenizer(PieceTable):
                  unk_id: int | None = None, pad_id: int | None = None, pre: str = "smollm",
                  add_bos: bool = False, chat_template: str | None = None, source: str = "") -> None:
         where = source or "vocab"
-        n = len(tokens)
-        if n == 0:
-            raise ModelFormatError(f"{where}: vocab_size is 0, must be > 0")
-        if len(types) != n:
-            raise ModelFormatError(f"{where}: {len(types)} token types for {n} tokens; must equal vocab_size")
-        for field, value in (("bos_id", bos_id), ("eos_id", eos_id), ("unk_id", unk_id), ("pad_id", pad_id)):
-            if value is not None and (type(value) is not int or not 0 <= value < n):
-                raise ModelFormatError(f"{where}: {field} {value!r} must be in [0, vocab_size {n})")
+        n = check_vocab_sizes(where, tokens, types, bos_id, eos_id, unk_id, pad_id)
         rule = pre_tokenizer(pre)
         if rule is None:
             raise ModelFormatError(f"{where}: pre-tokenizer {pre!r} is not supported "
@@ -143,34 +187,11 @@ class BPETokenizer(PieceTable):
         """The tokenizer a GGUF file's metadata describes (``path`` or a parsed
         ``GGUFFile``; ``tokenizer.ggml.*``; BOS first only when
         ``add_bos_token`` says so)."""
-        from ..formats import gguf_reader
-
-        gf = path if isinstance(path, gguf_reader.GGUFFile) else gguf_reader.parse_gguf(path)
-        name = gf.path
-
-        def get(key: str, kinds: tuple[int, ...], item_kinds: tuple[int, ...] | None = None, required=True):
-            f = gf.fields.get(key)
-            if f is None:
-                if required:
-                    raise ModelFormatError(f"{name}: metadata key {key} missing; a byte-level BPE vocab needs it")
-                return None
-            if f.type not in kinds or (item_kinds is not None and f.item_type not in item_kinds):
-                raise ModelFormatError(f"{name}: metadata key {key} has type {gguf_reader.type_name(f)}")
-            return f.value
-
-        model = get("tokenizer.ggml.model", (gguf_reader.STRING,))
-        if model != "gpt2":
-            raise ModelFormatError(f"{name}: tokenizer.ggml.model is {model!r}; a byte-level BPE needs 'gpt2'")
-        tokens = get("tokenizer.ggml.tokens", (gguf_reader.ARRAY,), (gguf_reader.STRING,))
-        types = [int(t) for t in get("tokenizer.ggml.token_type", (gguf_reader.ARRAY,), gguf_reader.INTEGER_TYPES)]
-        merges = get("tokenizer.ggml.merges", (gguf_reader.ARRAY,), (gguf_reader.STRING,))
-        special = {key: get(f"tokenizer.ggml.{key}_token_id", gguf_reader.INTEGER_TYPES, required=key in ("bos", "eos"))
-                   for key in ("bos", "eos", "unknown", "padding")}
-        add_bos = get("tokenizer.ggml.add_bos_token", (gguf_reader.BOOL,), required=False)
-        return cls(tokens, types, merges, special["bos"], special["eos"], special["unknown"], special["padding"],
-                   pre=get("tokenizer.ggml.pre", (gguf_reader.STRING,), required=False) or "gpt-2",
-                   add_bos=bool(add_bos), chat_template=template_from_gguf(gf),
-                   source=name)
+        v = merges_vocab_fields(path, "gpt2", "a byte-level BPE vocab")
+        special = v["special"]
+        return cls(v["tokens"], v["types"], v["merges"], special["bos"], special["eos"], special["unknown"],
+                   special["padding"], pre=v["pre"] or "gpt-2", add_bos=bool(v["add_bos"]),
+                   chat_template=v["chat_template"], source=v["source"])
 
     def encode(self, text: str | bytes, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``, without BOS. With ``parse_special`` the

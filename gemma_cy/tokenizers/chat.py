@@ -84,7 +84,8 @@ CHATML_TEMPLATE = (
 )
 
 # The pieces that end a model's turn, by the marker a template uses.
-_TURN_ENDS = (("<end_of_turn>", ("<end_of_turn>",)), ("<|im_end|>", ("<|im_end|>", "<|endoftext|>")))
+_TURN_ENDS = (("<end_of_turn>", ("<end_of_turn>",)), ("<turn|>", ("<turn|>",)),  # Gemma 3, Gemma 4
+              ("<|im_end|>", ("<|im_end|>", "<|endoftext|>")))
 
 
 @dataclass(frozen=True)
