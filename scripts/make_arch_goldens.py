@@ -16,13 +16,15 @@ the weights rounded to bf16 as the BF16 file holds them; llama.cpp's 64 greedy i
 on the F32 and Q8_0 files, its KV cache in f32) and ``logits_<name>.npy`` (transformers' f32
 last-position logits).
 
-The tokenizer is SmolLM2's (byte-level BPE, digits split one by one:
-llama.cpp's pre-tokenizer "smollm"), retrained by the ``tokenizers``
-library to TOKENIZER_VOCAB tokens on the repository's tokenizer corpus so
-the files stay small. The converter recognizes a pre-tokenizer by hashing
-what a vocabulary makes of a test text, and a retrained vocabulary's hash
-is new to it, so the run names the rule it was trained with ("smollm")
-in place of that lookup; every other step is the converter's own.
+A byte-level BPE tokenizer is SmolLM2's with the family's own
+normalizer and pre-tokenizer (Llama 3's "llama-bpe", Qwen's "qwen2"),
+retrained by the ``tokenizers`` library to TOKENIZER_VOCAB tokens on the
+repository's tokenizer corpus so the files stay small. The converter
+recognizes a pre-tokenizer by hashing what a vocabulary makes of a test
+text, and a retrained vocabulary's hash is new to it, so the run names
+the rule it was trained with in place of that lookup; every other step
+is the converter's own. Gemma's and Phi-3's vocabularies are SentencePiece
+models trained here, Gemma 4's a merges BPE (``GemmaBPEVocab``).
 
 Weights: transformers' initialization scaled by WEIGHT_SCALE, so that the
 random model's logits spread and greedy decoding is not a run of near
@@ -178,10 +180,11 @@ def gemma4_config():
         pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=True)
 
 
-# arch -> (its transformers config, its vocabulary: "bpe" (SmolLM2's rule), "sp" (Gemma's SentencePiece),
+# arch -> (its transformers config, its vocabulary: "bpe:<rule>" (SmolLM2's, with that pre-tokenizer), "sp" (Gemma's SentencePiece),
 # "sp_llama" (SentencePiece with Llama's settings: Phi-3's) or "gemma_bpe" (Gemma 4's merges BPE))
-ARCHS = {"qwen3": (qwen3_config, "bpe"), "gemma2": (gemma2_config, "sp"), "gemma": (gemma_config, "sp"),
-         "llama3": (llama3_config, "bpe"), "qwen2": (qwen2_config, "bpe"), "phi3": (phi3_config, "sp_llama"),
+ARCHS = {"qwen3": (qwen3_config, "bpe:qwen2"), "gemma2": (gemma2_config, "sp"), "gemma": (gemma_config, "sp"),
+         "llama3": (llama3_config, "bpe:llama-bpe"), "qwen2": (qwen2_config, "bpe:qwen2"),
+         "phi3": (phi3_config, "sp_llama"),
          "gemma4": (gemma4_config, "gemma_bpe")}
 # Files per architecture: every converter and quantizer type, but for Gemma 4 (F32 and Q8_0: the BF16
 # reading is proven on the others), whose per-layer
@@ -218,24 +221,36 @@ sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
 sys.path.insert(0, {llama!r})
 import convert_hf_to_gguf
 from conversion.base import TextModel
-TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"  # the rule the vocabulary was trained with
+TextModel.get_vocab_base_pre = lambda self, tokenizer: {pre!r}  # the rule the vocabulary was trained with
 convert_hf_to_gguf.main()
 """
 
 
 class BPEVocab:
     """SmolLM2's tokenizer (from its GGUF, digits split as SmolLM2's own
-    tokenizer.json does), retrained to TOKENIZER_VOCAB tokens."""
+    tokenizer.json does), retrained to TOKENIZER_VOCAB tokens; with another
+    ``rule`` (a llama.cpp pre-tokenizer name), its normalizer and
+    pre-tokenizer replaced by that family's first (make_bpe_pre_goldens'
+    pipelines: Llama 3's "llama-bpe", Qwen's "qwen2"), so the file names
+    the rule its models' files name."""
 
-    def __init__(self):
+    def __init__(self, rule: str = "smollm"):
+        from make_bpe_pre_goldens import pipelines
         from make_smollm2_goldens import gguf_path, smollm2_corpus, split_digits
         from make_tokenizer_goldens import load_hf_tokenizer
 
         base = load_hf_tokenizer(gguf_path())
         split_digits(base)
+        normalizer, pre, ignore_merges = pipelines()[rule]
+        if rule != "smollm":
+            if normalizer is not None:
+                base.backend_tokenizer.normalizer = normalizer
+            base.backend_tokenizer.pre_tokenizer = pre
         texts = smollm2_corpus() + [text for _, text in PROMPTS]
         self.tok = base.train_new_from_iterator(texts * 4, vocab_size=TOKENIZER_VOCAB,
                                                 new_special_tokens=["<|endoftext|>"])
+        self.tok.backend_tokenizer.model.ignore_merges = ignore_merges
+        self.rule = rule
         self.size = len(self.tok)
         self.eos_id = self.tok.convert_tokens_to_ids("<|endoftext|>")
 
@@ -338,7 +353,10 @@ def make_hf(arch: str, out: Path) -> None:
     torch.manual_seed(SEED)
     torch.set_num_threads(2)
     make_config, kind = ARCHS[arch]
-    tok = {"bpe": BPEVocab, "gemma_bpe": GemmaBPEVocab}.get(kind, lambda: SPVocab(llama_settings=kind == "sp_llama"))()
+    if kind.startswith("bpe"):
+        tok = BPEVocab(kind.partition(":")[2] or "smollm")
+    else:
+        tok = GemmaBPEVocab() if kind == "gemma_bpe" else SPVocab(llama_settings=kind == "sp_llama")
     config = make_config()
     config.vocab_size = tok.size
     config.eos_token_id = tok.eos_id
@@ -364,7 +382,8 @@ def make_hf(arch: str, out: Path) -> None:
         llama = converter_source()
         env = dict(os.environ, PYTHONPATH=str(llama / "gguf-py"))
         for outtype in ARCH_OUTTYPES.get(arch, OUTTYPES):
-            subprocess.run([sys.executable, "-c", CONVERT.format(llama=str(llama)), tmp, "--outtype", outtype,
+            code = CONVERT.format(llama=str(llama), pre=getattr(tok, "rule", "smollm"))
+            subprocess.run([sys.executable, "-c", code, tmp, "--outtype", outtype,
                             "--outfile", str(out / f"model-{outtype}.gguf")], check=True, env=env)
     records = oracle_records(model, tok, out, "")
     records_bf16 = []
