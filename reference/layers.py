@@ -69,6 +69,8 @@ class LayerWeights:
     ple_proj: np.ndarray | None = None  # (dim, ple)
     ple_post_norm: np.ndarray | None = None  # (dim,)
     layer_scalar: np.ndarray | None = None  # (1,) when config.layer_scalars
+    moe: dict | None = None  # Gemma 4's expert block: router_proj, router_scale, expert_scales, the three norms,
+    # experts: a list of (gate_up (2*emlp, dim), down (dim, emlp)) per expert
 
 
 class Q8Matrix:
@@ -198,7 +200,13 @@ class F32Weights:
                 rope_freqs=None if c.rope_freqs_global_only and c.is_local(layer) else rope_freqs,
                 ple_gate=optional_matrix(p + "ple_gate"), ple_proj=optional_matrix(p + "ple_proj"),
                 ple_post_norm=optional(p + "ple_post_norm", ple),
-                layer_scalar=optional(p + "layer_scalar", c.layer_scalars)))
+                layer_scalar=optional(p + "layer_scalar", c.layer_scalars),
+                moe=None if not c.n_experts else {
+                    "router_proj": deq(p + "router_proj"), "router_scale": deq(p + "router_scale"),
+                    "expert_scales": deq(p + "expert_scales"),
+                    **{n: deq(p + n) for n in ("moe_post_norm_1", "moe_pre_norm_2", "moe_post_norm_2")},
+                    "experts": [(matrix(p + f"expert{e}_gate_up"), matrix(p + f"expert{e}_down"))
+                                for e in range(c.n_experts)]}))
         embed_tokens = deq("embed_tokens")
         if activations == "q8":
             lm_head = Q8Matrix(weights.lm_head)
@@ -428,6 +436,8 @@ def block(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCache,
     xn = rmsnorm(x, w.ffn_norm, c.norm_eps, one_plus)  # (dim,)
     observer(layer, "ffn_norm", pos, xn)
     m = mlp(xn, w, c)  # (dim,)
+    if w.moe is not None:  # Gemma 4: the expert block beside the MLP, both normed, then summed
+        m = rmsnorm(m, w.moe["moe_post_norm_1"], c.norm_eps, one_plus) + experts(x, w.moe, c)  # (dim,)
     if c.post_norms:
         m = rmsnorm(m, w.post_ffn_norm, c.norm_eps, one_plus)  # (dim,)
     observer(layer, "mlp", pos, m)
@@ -440,6 +450,34 @@ def block(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCache,
         x = x * w.layer_scalar[0]  # (dim,)
     observer(layer, "resid_mlp", pos, x)
     return x
+
+
+def experts(x: np.ndarray, moe: dict, config: ModelConfig) -> np.ndarray:
+    """Gemma 4's expert block on the residual x (dim,) -> (dim,), normed.
+
+    Router: softmax of router_proj (rmsnorm(x), no gain, * router_scale /
+    sqrt(dim)); the top n_experts_used probabilities (the larger index
+    first on a tie... as torch.topk: highest value first), renormalized to
+    sum 1, each times its expert's scale. Each chosen expert e runs on
+    rmsnorm(x, moe_pre_norm_2): gate and up halves of gate_up_e, down_e of
+    act(gate) * up, weighted; only the chosen experts' weights are read.
+    The sum is normed with moe_post_norm_2 (docs/model.md#gemma-4)."""
+    c = config
+    one_plus = c.norm_gain == "one_plus"
+    h = rmsnorm(x, np.ones(c.dim, np.float32), c.norm_eps, False) * moe["router_scale"] \
+        * np.float32(c.dim ** -0.5)  # (dim,)
+    probs = softmax(moe["router_proj"] @ h)  # (n_experts,)
+    chosen = np.argsort(-probs, kind="stable")[:c.n_experts_used]  # (k,) highest first, lower index on ties
+    weights = probs[chosen] / probs[chosen].sum(dtype=np.float32)  # (k,)
+    weights = weights * moe["expert_scales"][chosen]  # (k,)
+    xn = rmsnorm(x, moe["moe_pre_norm_2"], c.norm_eps, one_plus)  # (dim,)
+    act = GATE_ACTIVATION_FUNCTIONS[c.activation]
+    out = np.zeros(c.dim, np.float32)  # (dim,)
+    for e, weight in sorted(zip(chosen.tolist(), weights)):  # in expert order, as transformers adds them
+        gate_up, down = moe["experts"][e]
+        gu = gate_up @ xn  # (2 * emlp,)
+        out = out + (down @ (act(gu[:c.expert_mlp_dim]) * gu[c.expert_mlp_dim:])) * weight  # (dim,)
+    return rmsnorm(out, moe["moe_post_norm_2"], c.norm_eps, one_plus)
 
 
 def per_layer_inputs(weights: F32Weights, token: int, x: np.ndarray, config: ModelConfig) -> np.ndarray:

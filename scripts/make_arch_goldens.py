@@ -180,16 +180,33 @@ def gemma4_config():
         pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=True)
 
 
+def gemma4_moe_config():
+    """Gemma 4 with the expert block (as the 26B-A4B): three layers (local,
+    local, global; window 8), two head sizes with v from k on the global
+    layer, and beside each layer's MLP 4 experts of width 64, 2 chosen per
+    position by the router (its scale and the per-expert scales drawn
+    around 1 with the gains); no per-layer inputs, no shared caches."""
+    from transformers import Gemma4TextConfig
+
+    return Gemma4TextConfig(
+        vocab_size=TOKENIZER_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=512,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], sliding_window=8,
+        final_logit_softcapping=5.0, hidden_size_per_layer_input=0, attention_k_eq_v=True, num_kv_shared_layers=0,
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=64, rms_norm_eps=1e-6,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=True)
+
+
 # arch -> (its transformers config, its vocabulary: "bpe:<rule>" (SmolLM2's, with that pre-tokenizer), "sp" (Gemma's SentencePiece),
 # "sp_llama" (SentencePiece with Llama's settings: Phi-3's) or "gemma_bpe" (Gemma 4's merges BPE))
 ARCHS = {"qwen3": (qwen3_config, "bpe:qwen2"), "gemma2": (gemma2_config, "sp"), "gemma": (gemma_config, "sp"),
          "llama3": (llama3_config, "bpe:llama-bpe"), "qwen2": (qwen2_config, "bpe:qwen2"),
          "phi3": (phi3_config, "sp_llama"),
-         "gemma4": (gemma4_config, "gemma_bpe")}
+         "gemma4": (gemma4_config, "gemma_bpe"), "gemma4_moe": (gemma4_moe_config, "gemma_bpe")}
 # Files per architecture: every converter and quantizer type, but for Gemma 4 (F32 and Q8_0: the BF16
 # reading is proven on the others), whose per-layer
 # embedding would make them large and whose rows of 64 leave the K-quants to their fallbacks anyway.
-ARCH_OUTTYPES = {"gemma4": ("f32", "q8_0")}
+ARCH_OUTTYPES = {"gemma4": ("f32", "q8_0"), "gemma4_moe": ("f32", "q8_0")}
 GEMMA4_GAIN_STD = 0.3  # Gemma 4's gains are used as stored (x * w): drawn around 1 so that they matter
 BIAS_SCALE = 0.5  # std of the random q/k/v biases
 
@@ -369,10 +386,10 @@ def make_hf(arch: str, out: Path) -> None:
                 p.mul_(WEIGHT_SCALE)
             elif name.endswith(".bias"):
                 p.normal_(0.0, BIAS_SCALE)
-            elif arch == "gemma4":
+            elif arch.startswith("gemma4"):
                 p.normal_(1.0, GEMMA4_GAIN_STD)
         for name, b in model.named_buffers():
-            if arch == "gemma4" and name.endswith("layer_scalar"):
+            if arch.startswith("gemma4") and name.endswith("layer_scalar"):
                 b.uniform_(0.5, 1.5)
     model.eval()
     out.mkdir(parents=True, exist_ok=True)

@@ -259,13 +259,33 @@ def test_gemma4_tensor_set_follows_its_layers(tmp_path, drop, put, needle):
     refused(copy_gguf(ARCH / "gemma4" / "model-f32.gguf", tmp_path / "m.gguf", drop=drop, put=put), needle)
 
 
-def test_gemma4_with_experts_is_refused(tmp_path):
-    gf = parse_gguf(str(ARCH / "gemma4" / "model-f32.gguf"))
-    fields = dict(gf.fields)
-    fields["gemma4.expert_count"] = 8
-    path = tmp_path / "moe.gguf"
-    write_gguf(path, fields, [TensorData(n, t.ggml_type, t.dims, np.array(gf.raw(n))) for n, t in gf.tensors.items()])
-    refused(str(path), "gemma4.expert_count", "mixture-of-experts")
+def test_gemma4_experts_are_read_one_matrix_each():
+    """Each expert's matrices are its rows of the file's 3-D tensors, for
+    every block type the file has; the router stays f32 (as stored)."""
+    from gemma_cy.quant.ggml import dequantize
+
+    for kind in ("f32", "q8_0"):
+        path = str(ARCH / "gemma4_moe" / f"model-{kind}.gguf")
+        w, gf = read_gguf_f32(path), parse_gguf(path)
+        c = w.config
+        assert (c.n_experts, c.n_experts_used, c.expert_mlp_dim) == (4, 2, 64)
+        for layer in range(c.n_layers):
+            for key, part in (("ffn_gate_up_exps", "gate_up"), ("ffn_down_exps", "down")):
+                t = gf.tensors[f"blk.{layer}.{key}.weight"]
+                whole = np.asarray(dequantize(gf.raw(t.name), t.ggml_type, (t.shape[0] * t.shape[1], t.shape[2])),
+                                   np.float32)
+                got = np.concatenate([w[f"layers.{layer}.expert{e}_{part}"].dequantize() for e in range(4)])
+                assert got.tobytes() == whole.tobytes(), (kind, layer, key)
+        assert gf.tensors["blk.0.ffn_gate_inp.weight"].type_name == "F32"
+
+
+@pytest.mark.parametrize("drop, put, needle", [
+    ({"blk.2.ffn_down_exps.weight"}, None, "missing tensor 'blk.2.ffn_down_exps.weight'"),
+    ({"blk.1.ffn_gate_inp.scale"}, None, "missing tensor 'blk.1.ffn_gate_inp.scale'"),
+    ((), {"blk.0.ffn_down_exps.weight": np.zeros((4, 64, 32))}, "'blk.0.ffn_down_exps.weight'"),
+])
+def test_gemma4_expert_tensors_are_checked(tmp_path, drop, put, needle):
+    refused(copy_gguf(ARCH / "gemma4_moe" / "model-f32.gguf", tmp_path / "m.gguf", drop=drop, put=put), needle)
 
 
 @pytest.mark.parametrize("shared, needle", [(6, "kv_shared_layers = 6"), (-1, "kv_shared_layers = -1")])

@@ -197,10 +197,10 @@ def _gemma4_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
     switches the per-layer inputs on. RoPE: the local layers over the whole
     head with ``rope.freq_base_swa``; the global ones with ``rope.freq_base``
     and the ``rope_freqs`` divisors (1, or 1e30 for the pairs transformers'
-    "proportional" RoPE leaves unrotated). Mixture-of-experts files are
-    refused (not yet implemented)."""
-    if m.int("{arch}.expert_count", default=0, low=0):
-        raise m.fail(f"metadata {m.arch}.expert_count: Gemma 4's mixture-of-experts block is not yet supported")
+    "proportional" RoPE leaves unrotated). ``expert_count`` (26B-A4B) adds
+    the expert block: ``expert_used_count`` chosen per position, each of
+    ``expert_feed_forward_length``."""
+    n_experts = m.int("{arch}.expert_count", default=0, low=0)
     local_hd = m.int("{arch}.attention.key_length_swa", default=head_dim)
     if m.int("{arch}.attention.value_length_swa", default=local_hd) != local_hd:
         raise m.fail(f"metadata {m.arch}.attention.value_length_swa differs from key_length_swa = {local_hd}")
@@ -239,6 +239,8 @@ def _gemma4_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
         kv_shared_layers=m.int("{arch}.attention.shared_kv_layers", default=0, low=0),
         attn_k_eq_v=k_eq_v,
         per_layer_input_dim=m.int("{arch}.embedding_length_per_layer_input", default=0, low=0),
+        n_experts=n_experts, n_experts_used=m.int("{arch}.expert_used_count") if n_experts else 0,
+        expert_mlp_dim=m.int("{arch}.expert_feed_forward_length") if n_experts else 0,
         extra_eos_ids=[] if has_eot else [i for i in (_token_id(gf, "<turn|>"), _token_id(gf, "<end_of_turn>"))
                                           if i is not None])
 

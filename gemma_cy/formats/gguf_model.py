@@ -38,13 +38,21 @@ LAYER_TENSOR_NAMES = {
     "attn_q_norm": "q_norm", "attn_k_norm": "k_norm",
     "inp_gate": "ple_gate", "proj": "ple_proj", "post_norm": "ple_post_norm",  # Gemma 4
     "layer_output_scale": "layer_scalar",
+    "ffn_gate_inp": "router_proj", "post_ffw_norm_1": "moe_post_norm_1",  # Gemma 4's expert block
+    "pre_ffw_norm_2": "moe_pre_norm_2", "post_ffw_norm_2": "moe_post_norm_2",
 }
 LAYER_BIAS_NAMES = {"attn_q": "q_bias", "attn_k": "k_bias", "attn_v": "v_bias"}  # "blk.{l}.<key>.bias"
+LAYER_SCALE_NAMES = {"ffn_gate_inp": "router_scale", "ffn_down_exps": "expert_scales"}  # "blk.{l}.<key>.scale"
+# Gemma 4's experts: "blk.{l}.<key>.weight" (n_experts, rows, cols) is read as one matrix per
+# expert, "<name>[<e>]" -> "layers.{l}.expert{e}_<part>" (split_experts).
+EXPERT_PARTS = {"ffn_gate_up_exps": "gate_up", "ffn_down_exps": "down"}
+_EXPERT = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.weight\[(0|[1-9][0-9]*)\]")
 # Phi-3's fused matrices (docs/model.md#phi-3): "blk.{l}.<key>.weight" holds
 # these parts' rows one after the other; each part is read as "<name>[<part>]".
 FUSED_PARTS = {"attn_qkv": ("q_proj", "k_proj", "v_proj"), "ffn_up": ("gate_proj", "up_proj")}
 _PART = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.weight\[([a-z_]+)\]")
-_LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.(weight|bias)")
+_LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z][a-z_0-9]*)\.(weight|bias|scale)")
+_KIND_NAMES = {"weight": LAYER_TENSOR_NAMES, "bias": LAYER_BIAS_NAMES, "scale": LAYER_SCALE_NAMES}
 
 def tensor_name(gguf_name: str, n_layers: int) -> str | None:
     """The Weights name of a llama.cpp tensor name, or None if it has none."""
@@ -55,8 +63,11 @@ def tensor_name(gguf_name: str, n_layers: int) -> str | None:
     part = _PART.fullmatch(gguf_name)
     if part and int(part.group(1)) < n_layers and part.group(3) in FUSED_PARTS.get(part.group(2), ()):
         return f"layers.{part.group(1)}.{part.group(3)}"
+    expert = _EXPERT.fullmatch(gguf_name)
+    if expert and int(expert.group(1)) < n_layers and expert.group(2) in EXPERT_PARTS:
+        return f"layers.{expert.group(1)}.expert{expert.group(3)}_{EXPERT_PARTS[expert.group(2)]}"
     m = _LAYER_NAME.fullmatch(gguf_name)
-    names = LAYER_TENSOR_NAMES if m and m.group(3) == "weight" else LAYER_BIAS_NAMES
+    names = _KIND_NAMES[m.group(3)] if m else {}
     if m and int(m.group(1)) < n_layers and m.group(2) in names:
         return f"layers.{m.group(1)}.{names[m.group(2)]}"
     return None
@@ -68,7 +79,10 @@ def gguf_tensor_name(weights_name: str) -> str:
         if w == weights_name:
             return g
     _, layer, short = weights_name.split(".")
-    for names, kind in ((LAYER_TENSOR_NAMES, "weight"), (LAYER_BIAS_NAMES, "bias")):
+    expert = re.fullmatch(r"expert[0-9]+_([a-z_]+)", short)
+    if expert:  # the file's name of the 3-D tensor that holds it
+        return f"blk.{layer}.{next(k for k, v in EXPERT_PARTS.items() if v == expert.group(1))}.weight"
+    for kind, names in _KIND_NAMES.items():
         key = next((k for k, v in names.items() if v == short), None)
         if key is not None:
             return f"blk.{layer}.{key}.{kind}"
@@ -106,6 +120,33 @@ def split_fused(gf: GGUFFile, config: ModelConfig) -> None:
             first += rows[p]
 
 
+def split_experts(gf: GGUFFile, config: ModelConfig) -> None:
+    """Gemma 4's expert tensors as one matrix per expert:
+    ``blk.{l}.ffn_gate_up_exps.weight`` (n_experts, 2 expert_mlp_dim, dim)
+    becomes ``...[0]`` .. ``[n_experts-1]``, and ``ffn_down_exps.weight``
+    (n_experts, dim, expert_mlp_dim) the same, each a run of whole rows of
+    the file (every block type reads as is; only the experts a position
+    chooses are read), entered in ``gf.tensors`` in place of the whole. A
+    tensor of the wrong shape is refused by name."""
+    c = config
+    want = {"ffn_gate_up_exps": (c.n_experts, 2 * c.expert_mlp_dim, c.dim),
+            "ffn_down_exps": (c.n_experts, c.dim, c.expert_mlp_dim)}
+    for name in list(gf.tensors):
+        m = _LAYER_NAME.fullmatch(name)
+        if not (m and m.group(3) == "weight" and m.group(2) in EXPERT_PARTS):
+            continue
+        t = gf.tensors[name]
+        if t.shape != want[m.group(2)]:
+            raise ModelFormatError(f"{gf.path}: tensor {name!r} has dims {list(t.dims)} (shape {t.shape}), expected "
+                                   f"shape {want[m.group(2)]}: one matrix per expert")
+        rows, cols = t.shape[1], t.shape[2]
+        size = t.nbytes // c.n_experts
+        del gf.tensors[name]
+        for e in range(c.n_experts):
+            gf.tensors[f"{name}[{e}]"] = replace(t, name=f"{name}[{e}]", dims=(cols, rows),
+                                                 offset=t.offset + e * size, nbytes=size)
+
+
 def check_model_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, str]:
     """Check that ``gf`` holds exactly the tensors ``config`` needs, with the
     right shapes: returns GGUF name -> Weights name. Raises ModelFormatError
@@ -141,6 +182,8 @@ def check_model_file(gf: GGUFFile) -> ModelConfig:
     view = replace(gf, tensors=dict(gf.tensors))
     if gf.value("general.architecture") == "phi3":
         split_fused(view, config)
+    if config.n_experts:
+        split_experts(view, config)
     check_model_tensors(view, config)
     return config
 
@@ -169,6 +212,8 @@ def _read_model(path, tensor: Callable[[GGUFFile, str], object], keep_map: bool)
         config = gguf_config(gf)
         if gf.value("general.architecture") == "phi3":
             split_fused(gf, config)
+        if config.n_experts:
+            split_experts(gf, config)
         tensors = {w: tensor(gf, g) for g, w in check_model_tensors(gf, config).items()}
         weights = Weights(config=config, tensors=tensors, source=gf.path, keepalive=[gf.mm] if keep_map else [],
                           architecture=str(gf.value("general.architecture")))

@@ -46,7 +46,8 @@ def check_activation_mode(activations, config: ModelConfig, tensors: Mapping[str
                              + (f" (per-layer input width {c.per_layer_input_dim})" if c.per_layer_input_dim else ""))
     if activations == "q8" and tensors is not None:
         for name, tensor in tensors.items():
-            if isinstance(tensor, F32Tensor) and len(tensor.shape) == 2:
+            # (Gemma 4's expert router is an f32 product in both modes, as llama.cpp keeps it)
+            if isinstance(tensor, F32Tensor) and len(tensor.shape) == 2 and not name.endswith("router_proj"):
                 raise ParameterError(f"activations = 'q8' runs integer matrices; {name} is an f32 matrix "
                                      f"(run this model with activations = 'f32')")
     return activations

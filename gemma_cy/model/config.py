@@ -58,6 +58,9 @@ class ModelConfig:
     v_norm: bool = False  # v RMS-normalized over head_dim, without a gain
     layer_scalars: bool = False  # each layer's output times its "layer_scalar" (1,)
     per_layer_input_dim: int = 0  # Gemma 4's per-layer inputs: a second embedding gated into every layer
+    n_experts: int = 0  # Gemma 4 26B-A4B: experts beside every layer's MLP; 0 = none
+    n_experts_used: int = 0  # experts each position runs (top-k of the router)
+    expert_mlp_dim: int = 0  # each expert's MLP width
     post_norms: bool = False  # sandwich norms after attention and MLP
     query_scale: float | None = None  # scores *= this; None = 1/sqrt(head_dim)
     sliding_window: int = 0  # local layers attend to the last N positions; 0 = off
@@ -121,7 +124,7 @@ class ModelConfig:
         engine runs): none of Gemma 4's per-layer switches is on."""
         return not (self.head_dim_global or self.n_kv_heads_global or self.mlp_dims or self.kv_shared_layers
                     or self.attn_k_eq_v or self.v_norm or self.layer_scalars or self.per_layer_input_dim
-                    or self.rope_freqs_global_only)
+                    or self.rope_freqs_global_only or self.n_experts)
 
     @property
     def rotary_dims(self) -> int:
@@ -166,10 +169,14 @@ class ModelConfig:
                 or self.rope_dims % 2 or self.rope_dims > self.head_dim):
             raise ModelFormatError(f"config: rope_dims = {self.rope_dims!r}, must be even and in [0, head_dim = "
                                    f"{self.head_dim}] (0 = the whole head)")
-        for name in ("head_dim_global", "n_kv_heads_global", "kv_shared_layers", "per_layer_input_dim"):
+        for name in ("head_dim_global", "n_kv_heads_global", "kv_shared_layers", "per_layer_input_dim", "n_experts",
+                     "n_experts_used", "expert_mlp_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ModelFormatError(f"config: {name} = {value!r}, must be an integer >= 0 (0 = off)")
+        if self.n_experts and not (0 < self.n_experts_used <= self.n_experts and self.expert_mlp_dim > 0):
+            raise ModelFormatError(f"config: {self.n_experts} experts need n_experts_used in [1, {self.n_experts}] "
+                                   f"and expert_mlp_dim > 0; found {self.n_experts_used}, {self.expert_mlp_dim}")
         if self.head_dim_global % 2 or (self.n_kv_heads_global and self.n_heads % self.n_kv_heads_global):
             raise ModelFormatError(f"config: head_dim_global = {self.head_dim_global} must be even and "
                                    f"n_kv_heads_global = {self.n_kv_heads_global} divide n_heads = {self.n_heads}")

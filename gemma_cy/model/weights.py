@@ -26,6 +26,9 @@ qd = n_heads*head_dim):
     layers.{l}.ple_proj     (dim, ple)
     layers.{l}.ple_post_norm (dim,)
     layers.{l}.layer_scalar (1,)                 only when config.layer_scalars
+    layers.{l}.router_proj  (n_experts, dim)     only when config.n_experts (Gemma 4's expert block);
+    layers.{l}.router_scale (dim,), .expert_scales (n_experts,), .moe_post_norm_1, .moe_pre_norm_2,
+    .moe_post_norm_2 (dim,), .expert{e}_gate_up (2*expert_mlp_dim, dim), .expert{e}_down (dim, expert_mlp_dim)
     embed_per_layer         (vocab_size, n_layers*ple)   only when config.per_layer_input_dim
     per_layer_model_proj    (n_layers*ple, dim)
     per_layer_proj_norm     (ple,)
@@ -99,6 +102,15 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "ple_post_norm"] = (c.dim,)
         if c.layer_scalars:
             shapes[p + "layer_scalar"] = (1,)
+        if c.n_experts:
+            shapes[p + "router_proj"] = (c.n_experts, c.dim)
+            shapes[p + "router_scale"] = (c.dim,)
+            shapes[p + "expert_scales"] = (c.n_experts,)
+            for name in ("moe_post_norm_1", "moe_pre_norm_2", "moe_post_norm_2"):
+                shapes[p + name] = (c.dim,)
+            for e in range(c.n_experts):
+                shapes[p + f"expert{e}_gate_up"] = (2 * c.expert_mlp_dim, c.dim)
+                shapes[p + f"expert{e}_down"] = (c.dim, c.expert_mlp_dim)
     shapes["final_norm"] = (c.dim,)
     if c.rope_freqs:
         shapes["rope_freqs"] = ((c.head_dim_global or c.head_dim) // 2 if c.rope_freqs_global_only
