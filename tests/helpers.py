@@ -183,7 +183,7 @@ def check_each_op_against_the_reference(weights: Weights, ids, isa: str) -> None
     want = teacher_forced(ReferenceEngine(weights, 64), got, ids)
     assert len(want) == len(got)
     for key, value in want.items():
-        assert_within(got[key], value, str(key), tolerance_for(key[1]))
+        assert_within(got[key], value, str(key), tolerance_for(key[1], weights.config))
 
 
 def check_every_op_free_running(weights: Weights, ids, isa: str) -> None:

@@ -29,7 +29,8 @@ import pytest
 
 from gemma_cy import api
 from gemma_cy.formats.gguf_model import read_gguf, read_gguf_f32
-from helpers import GOLDENS, greedy_engines_agree, reference_agrees_with_oracle
+from gemma_cy.model.logits import argmax, top2_margin
+from helpers import GOLDENS, assert_within, reference_agrees_with_oracle
 
 ROOT = GOLDENS / "arch"
 ARCHS = sorted(p.name for p in ROOT.iterdir() if (p / "greedy.json").exists())
@@ -57,8 +58,16 @@ F32_TIE_GAPS = {"gemma4": 0.01}
 
 GGUF_ARCH = {"llama3": "llama", "gemma4_moe": "gemma4"}  # a directory's architecture, where the GGUF differs
 FILES_OF = {"gemma4": ("f32", "q8_0"), "gemma4_moe": ("f32", "q8_0")}  # Gemma 4's (docs/model.md#architecture-oracles)
-# Gemma 4's per-layer sizes are not in the fast engine yet: it refuses them (test_fast_engine_refuses_gemma4).
-FAST_ARCHS = [arch for arch in ARCHS if not arch.startswith("gemma4")]
+# Every architecture runs on the fast engine but Gemma 4's expert block, which it refuses
+# (test_fast_engine_refuses_experts).
+FAST_ARCHS = [arch for arch in ARCHS if arch != "gemma4_moe"]
+# Ties in the model itself: on Gemma 4's "story" prompt, step 42's top two
+# logits are one f32 ulp apart in transformers' own run (step_margins: 1.19e-7)
+# and in the reference's (2.4e-7), and the fast engine, whose sums take
+# another order, picks the other one. Where the reference's top-2 gap is
+# under this, the fast engine's pick may differ (printed); both engines then
+# go on with the reference's id, every step's logits still judged.
+F32_EXACT_TIE = 1e-6
 
 
 def files(arch: str) -> tuple[str, ...]:
@@ -98,9 +107,10 @@ def test_reference_matches_transformers(arch, kind, records):
         reference_agrees_with_oracle(engine, prompt, ROOT / arch, RMS_LIMITS.get(arch, RMS_LIMIT))
 
 
-@pytest.mark.parametrize("arch", FAST_ARCHS)
-@pytest.mark.parametrize("kind, activations", [(k, "f32") for k in FILES] +  # q8: integer matrices only
-                         [(k, "q8") for k in FILES if k not in ("f32", "bf16")])
+@pytest.mark.parametrize("arch, kind, activations", [
+    (arch, kind, activations) for arch in FAST_ARCHS
+    for kind, activations in [(k, "f32") for k in FILES] + [(k, "q8") for k in FILES if k not in ("f32", "bf16")]
+    if kind in files(arch)])  # q8: integer matrices only
 def test_fast_equals_reference(arch, kind, activations):
     from gemma_cy.fast.engine import FastEngine
     from gemma_cy_reference.model import ReferenceEngine
@@ -110,9 +120,28 @@ def test_fast_equals_reference(arch, kind, activations):
     for p in golden(arch)["prompts"]:
         label = f"{arch} {kind} {activations} {p['name']}"
         if activations == "f32":
-            greedy_engines_agree(ref, fast, p["prompt_ids"], 64, label)
+            greedy_agree_but_for_exact_ties(ref, fast, p["prompt_ids"], 64, label)
         else:
             q8_engines_agree_locally(ref, fast, p["prompt_ids"], label)
+
+
+def greedy_agree_but_for_exact_ties(ref, fast, ids: list[int], n: int, label: str) -> None:
+    """helpers.greedy_engines_agree (every step's logits within the default
+    bound, the same greedy ids), but for a step whose reference top-2 gap is
+    under F32_EXACT_TIE: there the picks may differ, and both engines take
+    the reference's."""
+    ref.reset()
+    fast.reset()
+    want, got = ref.prefill(ids), fast.prefill(ids)
+    for step in range(n):
+        assert_within(got, want, f"{label}: logits at step {step}")
+        token = argmax(want)
+        if argmax(got) != token:
+            print(f"{label}: step {step}: reference id {token}, fast id {argmax(got)}; "
+                  f"reference top-1/top-2 margin {top2_margin(want):.6g}")
+            assert top2_margin(want) < F32_EXACT_TIE, f"{label}: step {step}: not a tie"
+        want, got = ref.decode(token), fast.decode(token)
+    assert_within(got, want, f"{label}: final logits")
 
 
 def greedy_ids(engine, ids: list[int], n: int) -> tuple[list[int], list[float]]:
@@ -131,7 +160,8 @@ def greedy_ids(engine, ids: list[int], n: int) -> tuple[list[int], list[float]]:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kind, activations", [("f32", "f32"), ("q8_0", "q8")])
 def test_greedy_ids_are_llama_cpps(arch, kind, activations):
-    """The fast engine's 64 greedy ids on the F32 file (f32 mode) and the
+    """The fast engine's (the reference's, for a model the fast engine does
+    not run yet) 64 greedy ids on the F32 file (f32 mode) and the
     Q8_0 file (q8 mode: llama.cpp's numerics) against llama.cpp's on the
     same file (its KV cache in f32). F32: identical. Q8_0: identical up to
     the first step where they part, which must be a near tie for gemma-cy
@@ -156,14 +186,77 @@ def test_greedy_ids_are_llama_cpps(arch, kind, activations):
             f"gap {gaps[step]:.4f}")
 
 
-def test_fast_engine_refuses_gemma4():
-    """Until the fast engine runs Gemma 4's per-layer sizes, a Gemma 4 file
-    is refused there in one line naming the way out, not run wrong."""
+def test_gemma4_shared_layers_hold_no_cache_of_their_own():
+    """KV memory follows the sharing (docs/model.md#gemma-4): a layer that
+    attends over another's cache shows that layer's keys and values and
+    holds none of its own; each layer's cache has its own sizes; the cache
+    is the sum over the layers that compute k and v, once per slot."""
+    from gemma_cy.fast.engine import FastEngine
+
+    weights = read_gguf(path("gemma4", "q8_0"))
+    c = weights.config
+    for n_slots in (1, 3):
+        model = FastEngine(weights, 512, n_slots=n_slots).model
+        own = [layer for layer in range(c.n_layers) if c.kv_source(layer) == layer]
+        assert len(own) < c.n_layers
+        for layer in range(c.n_layers):
+            keys, values = model.key_cache[layer], model.value_cache[layer]
+            assert keys.shape[1:] == values.shape[1:] == (c.n_kv_heads_of(layer), c.head_dim_of(layer))
+            if layer not in own:
+                assert keys is model.key_cache[c.kv_source(layer)]
+                assert values is model.value_cache[c.kv_source(layer)]
+        per_slot = sum(model.key_cache[layer].nbytes + model.value_cache[layer].nbytes for layer in own)
+        assert model.cache_bytes == n_slots * per_slot
+
+
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+def test_gemma4_batch_gives_each_sequence_its_bits_alone(activations):
+    """Batch invariance (docs/numerics.md#batch-invariance) with Gemma 4's
+    per-layer inputs and shared caches: sequences batched, joining at
+    different steps, prompts cut in chunks, get the logits, greedy ids and
+    cache rows each gets alone; a copied slot (a ring wrapped: 300
+    positions) continues as the original, bit for bit."""
+    from gemma_cy.fast.batch import FastBatchEngine
+    from gemma_cy.fast.engine import FastEngine
+    from test_batch_engine import bits, greedy_alone, run_batched, valid_rows
+
+    weights = read_gguf(path("gemma4", "q8_0"))
+    prompts = [p["prompt_ids"] for p in golden("gemma4")["prompts"]]
+    seqs = [(prompts[0], 5, 0, [7, 30]), (prompts[1] * 3, 4, 1, [64]), (prompts[2], 6, 2, [3, 1]),
+            (prompts[3], 3, 0, [100])]
+    engine = FastBatchEngine(weights, 512, 3, activations=activations)
+    got = run_batched(engine, seqs, seed=5)
+    for i, (prompt, n_dec, _, _) in enumerate(seqs):
+        alone = FastEngine(weights, 512, activations=activations)
+        tokens, logits = greedy_alone(alone, prompt, n_dec)
+        b_tokens, b_logits, b_kv = got[i]
+        assert b_tokens == tokens, f"sequence {i}"
+        assert all(np.array_equal(bits(a), bits(b)) for a, b in zip(logits, b_logits)), f"sequence {i}"
+        for layer, (k, v, rows) in enumerate(b_kv):
+            want = valid_rows(alone.model, layer, len(prompt) + n_dec - 1, None)
+            assert [p for p, _ in rows] == [p for p, _ in want]
+            idx = [r for _, r in want]
+            assert np.array_equal(k, bits(alone.model.key_cache[layer][idx])), f"sequence {i}, layer {layer}"
+            assert np.array_equal(v, bits(alone.model.value_cache[layer][idx])), f"sequence {i}, layer {layer}"
+
+    long = [t for _ in range(20) for t in prompts[4]][:300]
+    engine.reset(0)
+    engine.reset(2)
+    engine.step([(0, long, True), (2, prompts[5], False)])
+    engine.copy(0, 2)
+    a, b = engine.step([(0, [9], True), (2, [9], True)])
+    assert np.array_equal(bits(a), bits(b))
+    assert np.array_equal(bits(a), bits(FastEngine(weights, 512, activations=activations).prefill(long + [9])))
+
+
+def test_fast_engine_refuses_experts():
+    """Until the fast engine runs Gemma 4's expert block, such a file is
+    refused there in one line naming the way out, not run without it."""
     from gemma_cy.errors import ParameterError
     from gemma_cy.fast.engine import FastEngine
 
     with pytest.raises(ParameterError, match="engine='reference'") as e:
-        FastEngine(read_gguf(path("gemma4", "q8_0")), 64)
+        FastEngine(read_gguf(path("gemma4_moe", "q8_0")), 64)
     assert "\n" not in str(e.value)
 
 
@@ -198,7 +291,7 @@ def q8_engines_agree_locally(ref, fast, ids: list[int], label: str) -> None:
     fast.reset()
     rec = Recorder()
     fast.prefill(context, rec)
-    rows = compare_layers(teacher_forced(ref, rec.values, context), rec.values, rec.order)
+    rows = compare_layers(teacher_forced(ref, rec.values, context), rec.values, rec.order, ref.config)
     bad = [r for r in rows if not r.ok]
     for r in bad:
         print(f"{label}: layer {r.layer} {r.op}: max_abs {r.max_abs:.3g} (a flipped rounding inside the op)")

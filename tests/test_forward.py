@@ -59,7 +59,14 @@ GEMMA3 = ModelConfig(
 # query scale that is not 1/sqrt(head_dim), no q/k-norm, MHA, every layer local.
 GEMMA2 = GEMMA3.with_changes(qk_norm=False, attn_softcap=1.5, final_softcap=4.0, query_scale=0.2,
                              n_kv_heads=4, sliding_window_pattern=0)
-CONFIGS = {"gemma3": GEMMA3, "gemma2": GEMMA2}
+# Gemma 4's layers on the same shape (docs/model.md#gemma-4): global layers (2, 5) with
+# wider heads, one kv head and v from k; wider MLPs at the end; layers 4 and 5 read the caches
+# of layers 3 and 2; per-layer inputs of 8, layer scalars, v-norm, query scale 1.
+GEMMA4 = GEMMA3.with_changes(n_layers=6, head_dim_global=24, n_kv_heads_global=1,
+                             mlp_dims=(72, 72, 72, 72, 144, 144), kv_shared_layers=2, attn_k_eq_v=True,
+                             v_norm=True, layer_scalars=True, per_layer_input_dim=8, query_scale=1.0,
+                             rope_freqs_global_only=True, final_softcap=5.0)
+CONFIGS = {"gemma3": GEMMA3, "gemma2": GEMMA2, "gemma4": GEMMA4}
 CONFIG_IDS = [3, 17, 99, 0, 42, 42, 9, 31, 5, 20, 64, 1, 77, 8]  # longer than the window
 
 

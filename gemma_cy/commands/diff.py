@@ -87,12 +87,13 @@ class DiffReport:
         return "\n".join(lines)
 
 
-def compare_layers(reference: dict, other: dict, order: list[tuple[int, str]]) -> list[LayerRow]:
+def compare_layers(reference: dict, other: dict, order: list[tuple[int, str]], config=None) -> list[LayerRow]:
     """Per (layer, op) in ``order``: worst error over the positions both
-    dicts ((layer, op, pos) -> value) hold; ``reference`` is the expected side."""
+    dicts ((layer, op, pos) -> value) hold; ``reference`` is the expected side.
+    ``config``: the model's ModelConfig (tolerance_for's bound of its ops)."""
     rows = []
     for layer, op in order:
-        atol, rtol = tolerance_for(op)
+        atol, rtol = tolerance_for(op, config)
         keys = [k for k in reference if k[0] == layer and k[1] == op and k in other]
         if not keys:
             continue
@@ -140,8 +141,9 @@ def diff(reference, other, prompt_ids: Sequence[int], n_steps: int = 64) -> Diff
     other.reset()
     reference.prefill(prompt_ids, ref_rec)
     other.prefill(prompt_ids, oth_rec)
-    rows = compare_layers(teacher_forced(reference, oth_rec.values, prompt_ids), oth_rec.values, ref_rec.order)
-    drift = {(r.layer, r.op): r.max_abs for r in compare_layers(ref_rec.values, oth_rec.values, ref_rec.order)}
+    c = reference.config
+    rows = compare_layers(teacher_forced(reference, oth_rec.values, prompt_ids), oth_rec.values, ref_rec.order, c)
+    drift = {(r.layer, r.op): r.max_abs for r in compare_layers(ref_rec.values, oth_rec.values, ref_rec.order, c)}
     for row in rows:
         row.drift_abs = drift.get((row.layer, row.op), 0.0)
     ref_ids, oth_ids, divergence = greedy_pair(reference, other, prompt_ids, n_steps)

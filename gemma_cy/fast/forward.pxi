@@ -102,11 +102,17 @@ cdef enum:
 
 
 # One transformer layer's weights (reference.layers.LayerWeights). Sizes:
-# dim hidden, hd head_dim, qd = n_heads*hd, kvd = n_kv_heads*hd, mlp.
+# dim hidden, hd head_dim, qd = n_heads*hd, kvd = n_kv_heads*hd, mlp (the
+# MLP matrices' rows), ple the per-layer input width. hd, nkv and mlp are
+# the layer's own (Gemma 4's layers differ: config.head_dim_of, n_kv_heads_of,
+# mlp_dim_of); every buffer is sized by the widest layer.
 cdef struct LayerWeights:
+    Py_ssize_t hd, nkv, qd, kvd  # this layer's head_dim, kv heads, n_heads*hd, nkv*hd
+    bint own_kv  # computes and caches k and v; else reads layer kv_source's cache (config.kv_source)
+    bint v_from_k  # no v_proj: v is k's projection, before k-norm and RoPE (config.attn_k_eq_v)
     QMatrix q_proj  # (qd, dim)
-    QMatrix k_proj  # (kvd, dim)
-    QMatrix v_proj  # (kvd, dim)
+    QMatrix k_proj  # (kvd, dim); rows 0 unless own_kv
+    QMatrix v_proj  # (kvd, dim); rows 0 unless own_kv and not v_from_k
     QMatrix o_proj  # (dim, qd)
     QMatrix gate_proj  # (mlp, dim)
     QMatrix up_proj  # (mlp, dim)
@@ -120,10 +126,16 @@ cdef struct LayerWeights:
     const float* q_bias  # (qd,), NULL unless config.qkv_bias
     const float* k_bias  # (kvd,), NULL unless config.qkv_bias
     const float* v_bias  # (kvd,), NULL unless config.qkv_bias
+    QMatrix ple_gate  # (ple, dim); rows 0 unless config.per_layer_input_dim
+    QMatrix ple_proj  # (dim, ple)
+    const float* ple_post_norm  # (dim,), NULL unless config.per_layer_input_dim
+    float layer_scalar  # the layer's output times this when config.layer_scalars
     Py_ssize_t rope_table  # 0: the global RoPE base's cos/sin, 1: the local one's
     Py_ssize_t window  # positions attended to, itself included; 0 = all
 
 
+# A layer that reads another's cache (config.kv_source: Gemma 4's shared
+# layers) has that layer's LayerCache: the same memory, no cache of its own.
 cdef struct LayerCache:
     float* keys  # (nkv, rows, hd): kv head h's rotated key of position p at [h, p % rows]
     float* values  # (nkv, rows, hd): its raw value
@@ -280,6 +292,13 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
     return m
 
 
+cdef QMatrix _no_matrix() noexcept:
+    """The QMatrix of an absent matrix: 0 rows, 0 columns, no memory."""
+    cdef QMatrix m
+    memset(&m, 0, sizeof(QMatrix))
+    return m
+
+
 cdef object _zeros(object shape):
     """A new f32 array of zeros of ``shape`` (an int or a tuple), its first
     value on a cache line (gemma_cy/fast/buffers.py)."""
@@ -338,10 +357,12 @@ cdef class FastModel:
     positions pos, pos+1, ... and returns how many positions completed.
     Results: ``last_logits`` (vocab,) of the last position, ``trace`` and
     ``trace_layout`` (the intermediates of a traced position), ``first_bad``,
-    ``key_cache`` / ``value_cache``: per layer (rows, n_kv_heads, head_dim),
-    position p at row p % rows (``cache_row``); rows is cache_len, or for a
-    sliding-window layer a ring of window + RING_SLACK rows
-    (docs/architecture.md#kv-cache). All are read-only views of buffers
+    ``key_cache`` / ``value_cache``: per layer (rows, n_kv_heads, head_dim)
+    of that layer (Gemma 4's differ), position p at row p % rows
+    (``cache_row``); rows is cache_len, or for a sliding-window layer a ring
+    of window + RING_SLACK rows (docs/architecture.md#kv-cache); a layer that
+    reads another's cache (config.kv_source) shows that one, and holds no
+    memory of its own (``cache_bytes``). All are read-only views of buffers
     the next run overwrites. A run starts at a position the cache can
     resume from (``resumable``), else IndexError.
     gemma_cy.fast.engine.FastEngine is the engine built on this.
@@ -356,7 +377,8 @@ cdef class FastModel:
     gemma_cy.fast.batch.BatchEngine is the engine built on this.
     """
 
-    # sizes (abbreviations as in reference/layers.py)
+    # sizes (abbreviations as in reference/layers.py; head_dim, n_kv_heads, q_dim, kv_dim and mlp_dim are
+    # the config's: a layer's own are in its LayerWeights)
     cdef readonly Py_ssize_t n_layers, dim, n_heads, n_kv_heads, head_dim, q_dim, kv_dim
     cdef readonly Py_ssize_t mlp_dim, vocab_size, cache_len, n_slots
     # switches
@@ -367,8 +389,10 @@ cdef class FastModel:
     cdef RopePairing pairing
     cdef float embed_scale, scores_scale, attn_softcap, final_softcap  # soft-caps: 0 = off
     cdef double rope_bases[2]  # global, local (layers' rope_table)
-    cdef const float* rope_factors  # (rot/2,) divisors of the pairs' frequencies (config.rope_freqs), or NULL
-    cdef Py_ssize_t rot_dims  # dims of each head RoPE rotates (config.rotary_dims)
+    # per table (0 global, 1 local): divisors of the pairs' frequencies (config.rope_freqs), or NULL
+    cdef const float* rope_factors[2]
+    cdef Py_ssize_t rot_dims[2]  # per table: dims of each head RoPE rotates (rope_dims, else the head)
+    cdef Py_ssize_t rope_half  # pairs per table row: max(rot_dims) / 2
     cdef double rope_scale  # cos and sin times this (config.rope_attn_factor)
 
     # weights
@@ -377,6 +401,15 @@ cdef class FastModel:
     cdef QMatrix lm_head  # (vocab, dim): embed_tokens' own struct when tied (same memory)
     cdef const float* final_gain  # (dim,)
     cdef LayerWeights* layers  # (n_layers,)
+    # Gemma 4's per-layer inputs (config.per_layer_input_dim = ple_dim; 0 = none)
+    cdef readonly Py_ssize_t ple_dim
+    cdef QMatrix embed_per_layer  # (vocab, n_layers * ple): a row per token
+    cdef QMatrix per_layer_model_proj  # (n_layers * ple, dim)
+    cdef const float* per_layer_proj_norm  # (ple,)
+    cdef float ple_proj_scale, ple_embed_scale, ple_sum_scale  # dim^-0.5, ple^0.5, 2^-0.5 as f32
+    cdef bint v_norm  # v RMS-normed per head without a gain (config.v_norm)
+    cdef bint layer_scalars  # each layer's output times its layer_scalar
+    cdef const float* ones  # (widest hd,) the gain of v's norm
 
     # run state: scratch buffers, allocated once; T = positions of the block
     cdef bint act_q8  # quantize every matrix input to int8 per block of 32
@@ -392,13 +425,16 @@ cdef class FastModel:
     cdef int8_t* xq  # (BLOCK, max width) a matrix input quantized (q8 mode)
     cdef float* xd  # (BLOCK, max width / 32) its block scales (q8 mode)
     cdef float* gemm_scratch  # k_gemm's and k_gemm_q8's (k_gemm_scratch_floats(max width, BLOCK),)
-    cdef float* rope_cos  # (BLOCK, 2, hd/2): cos of each position's angles, global and local base
-    cdef float* rope_sin  # (BLOCK, 2, hd/2)
+    cdef float* rope_cos  # (BLOCK, 2, rope_half): cos of each position's angles, global and local base
+    cdef float* rope_sin  # (BLOCK, 2, rope_half)
+    cdef float* ple_in  # (BLOCK, n_layers, ple) each row's per-layer inputs (ple_dim > 0)
+    cdef float* ple_row  # (n_layers * ple,) a token's row of embed_per_layer
     cdef float* out  # (out_rows, vocab) logits, of the block's rows out_row[0 .. n_out-1]
     cdef float[::1] att  # (ATT_TILE * nh, cache_len) scores, then probabilities, of the rows of q_tile
     cdef LayerCache* caches  # (n_slots, n_layers) each slot's layers' keys and values (slot_cache: read-only views)
     cdef float* k_block  # (BLOCK, kvd) the block's keys, before they go to their cache rows
     cdef float* v_block  # (BLOCK, kvd) its values
+    cdef readonly Py_ssize_t cache_bytes  # of every slot's keys and values (a shared layer's count once)
     cdef Py_ssize_t* highs  # (n_slots,) 1 + the last position written since the slot's cache was emptied
     cdef int bad_at[BLOCK]  # per row of a block: ALL_FINITE or where it went non-finite
     # the rows of a block: row t runs position row_pos[t] of slot row_slot[t]; the rows of one slot
@@ -411,8 +447,7 @@ cdef class FastModel:
     # the trace of one position: embed, n_layers * the layer ops, final_norm, logits
     cdef bint tracing
     cdef float[::1] trace_buf
-    cdef Py_ssize_t op_offset[N_LAYER_OPS]  # of each layer op within a layer's block
-    cdef Py_ssize_t trace_stride  # floats per layer
+    cdef Py_ssize_t* trace_at  # (n_layers, N_LAYER_OPS) offset of each layer op (layers differ in size)
     cdef Py_ssize_t trace_head  # offset of final_norm (logits follow it)
 
     # run_states: where each position's final-normed state goes (NULL: nowhere)
@@ -429,12 +464,14 @@ cdef class FastModel:
         self.layers = NULL
         self.caches = NULL
         self.highs = NULL
+        self.trace_at = NULL
         self.states_out = NULL
 
     def __dealloc__(self):
         PyMem_Free(self.layers)
         PyMem_Free(self.caches)
         PyMem_Free(self.highs)
+        PyMem_Free(self.trace_at)
 
     def __init__(self, weights, Py_ssize_t cache_len, str activations="f32", Py_ssize_t n_slots=1):
         c = weights.config
@@ -460,9 +497,19 @@ cdef class FastModel:
         self.final_softcap = c.final_softcap
         self.rope_bases[0] = c.rope_base
         self.rope_bases[1] = c.rope_base if c.rope_base_local is None else c.rope_base_local
-        self.rope_factors = _gain(weights["rope_freqs"] if c.rope_freqs else None, self._keep)
-        self.rot_dims = c.rotary_dims
+        # table 0 turns the global layers' heads (head_dim_global when set), table 1 the local ones';
+        # Gemma 4's rope_freqs divide the global table's frequencies only
+        self.rope_factors[0] = _gain(weights["rope_freqs"] if c.rope_freqs else None, self._keep)
+        self.rope_factors[1] = self.rope_factors[0]
+        if c.rope_freqs_global_only:
+            self.rope_factors[1] = NULL
+        self.rot_dims[0] = c.rope_dims or c.head_dim_global or c.head_dim
+        self.rot_dims[1] = c.rotary_dims
+        self.rope_half = max(self.rot_dims[0], self.rot_dims[1]) // 2
         self.rope_scale = c.rope_attn_factor
+        self.ple_dim = c.per_layer_input_dim
+        self.v_norm = c.v_norm
+        self.layer_scalars = c.layer_scalars
 
         tensors = weights.tensors
         if self.act_q8:
@@ -483,8 +530,11 @@ cdef class FastModel:
         # file's map into one arena of 2 MiB pages, unless the map has such
         # pages already (gemma_cy/fast/arena.py)
         head = "embed_tokens" if c.tied_embeddings else "lm_head"
-        packed, arena = lay_out_for_decode(tensors, [f"layers.{layer}.{name}" for layer in range(c.n_layers)
-                                                     for name in LAYER_MATRICES] + [head])
+        ple = c.per_layer_input_dim
+        per_layer = LAYER_MATRICES + (("ple_gate", "ple_proj") if ple else ())
+        packed, arena = lay_out_for_decode(tensors, (["per_layer_model_proj"] if ple else []) + [
+            f"layers.{layer}.{name}" for layer in range(c.n_layers) for name in per_layer
+            if f"layers.{layer}.{name}" in tensors] + [head])  # (a shared layer has no k_proj, v_proj)
         keep.append(arena)
         matrix = lambda name: packed[name] if name in packed else tensors[name]
         scratch = _convert_scratch(tensors.values(), BLOCK)
@@ -494,6 +544,12 @@ cdef class FastModel:
         self.lm_head = self.embed_tokens if c.tied_embeddings else _qmatrix(matrix("lm_head"), keep, resident,
                                                                             scratch, BLOCK)
         self.final_gain = _gain(weights["final_norm"], keep)
+        if ple:
+            self.embed_per_layer = _qmatrix(matrix("embed_per_layer"), keep, resident, scratch, BLOCK)
+            self.per_layer_model_proj = _qmatrix(matrix("per_layer_model_proj"), keep, resident, scratch, BLOCK)
+            self.per_layer_proj_norm = _gain(weights["per_layer_proj_norm"], keep)
+            # the reference's f32 factors (reference/layers.py per_layer_inputs)
+            self.ple_proj_scale, self.ple_embed_scale, self.ple_sum_scale = c.dim ** -0.5, ple ** 0.5, 2.0 ** -0.5
         self.layers = <LayerWeights*> PyMem_Malloc(c.n_layers * sizeof(LayerWeights))
         if self.layers == NULL:
             raise MemoryError("FastModel: no memory for the layer table")
@@ -501,9 +557,14 @@ cdef class FastModel:
         for layer in range(c.n_layers):
             w = &self.layers[layer]
             p = f"layers.{layer}."
+            w.hd, w.nkv = c.head_dim_of(layer), c.n_kv_heads_of(layer)
+            w.qd, w.kvd = c.n_heads * w.hd, w.nkv * w.hd
+            w.own_kv = c.kv_source(layer) == layer
+            w.v_from_k = w.own_kv and not c.has_v_proj(layer)
             w.q_proj = _qmatrix(matrix(p + "q_proj"), keep, resident, scratch, BLOCK)
-            w.k_proj = _qmatrix(matrix(p + "k_proj"), keep, resident, scratch, BLOCK)
-            w.v_proj = _qmatrix(matrix(p + "v_proj"), keep, resident, scratch, BLOCK)
+            w.k_proj = _qmatrix(matrix(p + "k_proj"), keep, resident, scratch, BLOCK) if w.own_kv else _no_matrix()
+            w.v_proj = (_qmatrix(matrix(p + "v_proj"), keep, resident, scratch, BLOCK)
+                        if w.own_kv and not w.v_from_k else _no_matrix())
             w.o_proj = _qmatrix(matrix(p + "o_proj"), keep, resident, scratch, BLOCK)
             w.gate_proj = _qmatrix(matrix(p + "gate_proj"), keep, resident, scratch, BLOCK)
             w.up_proj = _qmatrix(matrix(p + "up_proj"), keep, resident, scratch, BLOCK)
@@ -511,37 +572,52 @@ cdef class FastModel:
             w.attn_norm = _gain(weights[p + "attn_norm"], keep)
             w.ffn_norm = _gain(weights[p + "ffn_norm"], keep)
             w.q_norm = _gain(weights[p + "q_norm"] if c.qk_norm else None, keep)
-            w.k_norm = _gain(weights[p + "k_norm"] if c.qk_norm else None, keep)
+            w.k_norm = _gain(weights[p + "k_norm"] if c.qk_norm and w.own_kv else None, keep)
             w.post_attn_norm = _gain(weights[p + "post_attn_norm"] if c.post_norms else None, keep)
             w.post_ffn_norm = _gain(weights[p + "post_ffn_norm"] if c.post_norms else None, keep)
             w.q_bias = _gain(weights[p + "q_bias"] if c.qkv_bias else None, keep)
             w.k_bias = _gain(weights[p + "k_bias"] if c.qkv_bias else None, keep)
             w.v_bias = _gain(weights[p + "v_bias"] if c.qkv_bias else None, keep)
+            w.ple_gate = _qmatrix(matrix(p + "ple_gate"), keep, resident, scratch, BLOCK) if ple else _no_matrix()
+            w.ple_proj = _qmatrix(matrix(p + "ple_proj"), keep, resident, scratch, BLOCK) if ple else _no_matrix()
+            w.ple_post_norm = _gain(weights[p + "ple_post_norm"] if ple else None, keep)
+            w.layer_scalar = float(weights[p + "layer_scalar"].dequantize()[0]) if c.layer_scalars else 1
             w.rope_table = 1 if c.is_local(layer) else 0
             w.window = c.window(layer)
             release_file_maps(weights.keepalive)  # what reading its gains mapped (gemma_cy/fast/arena.py)
 
         self.x, self.xb, self.xb2 = (_f32(_zeros(BLOCK * c.dim), keep), _f32(_zeros(BLOCK * c.dim), keep),
                                      _f32(_zeros(BLOCK * c.dim), keep))
-        self.q, self.ao = _f32(_zeros(BLOCK * c.q_dim), keep), _f32(_zeros(BLOCK * c.q_dim), keep)
-        self.hb, self.hb2 = _f32(_zeros(BLOCK * c.mlp_dim), keep), _f32(_zeros(BLOCK * c.mlp_dim), keep)
-        widest = max(c.dim, c.q_dim, c.mlp_dim)
+        # the widest layer's sizes (Gemma 4's layers differ); the MLP's buffers also hold the per-layer input's
+        every = range(c.n_layers)
+        q_dim = max(c.n_heads * c.head_dim_of(layer) for layer in every)
+        kv_dim = max(c.n_kv_heads_of(layer) * c.head_dim_of(layer) for layer in every)
+        head_dim = max(c.head_dim_of(layer) for layer in every)
+        mlp_dim = max(max(c.mlp_dim_of(layer) for layer in every), ple)
+        self.q, self.ao = _f32(_zeros(BLOCK * q_dim), keep), _f32(_zeros(BLOCK * q_dim), keep)
+        self.hb, self.hb2 = _f32(_zeros(BLOCK * mlp_dim), keep), _f32(_zeros(BLOCK * mlp_dim), keep)
+        widest = max(c.dim, q_dim, mlp_dim)
         xq = aligned_zeros(BLOCK * widest, np.int8)
         cdef int8_t[::1] xq_view = xq
         keep.append(xq)
         self.xq = &xq_view[0]
         self.xd = _f32(_zeros(BLOCK * (widest // Q8_0_BLOCK + 1)), keep)
         self.gemm_scratch = _f32(_zeros(max(1, k_gemm_scratch_floats(widest, BLOCK))), keep)
-        self.rope_cos = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
-        self.rope_sin = _f32(_zeros(BLOCK * 2 * (c.head_dim // 2)), keep)
+        self.rope_cos = _f32(_zeros(BLOCK * 2 * self.rope_half), keep)
+        self.rope_sin = _f32(_zeros(BLOCK * 2 * self.rope_half), keep)
+        if ple:
+            self.ple_in = _f32(_zeros(BLOCK * c.n_layers * ple), keep)
+            self.ple_row = _f32(_zeros(c.n_layers * ple), keep)
+        if c.v_norm:
+            self.ones = _f32(np.ones(head_dim, np.float32), keep)
         self.out_rows = 1 if n_slots == 1 else BLOCK  # (pages a batch never fills are never touched)
         logits = _zeros((1, c.vocab_size)) if n_slots == 1 else _filled_as_used((BLOCK, c.vocab_size))
         self.out = _f32(logits.reshape(-1), keep)
         self.batch_logits = _read_only_view(logits)
-        self.q_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
-        self.ao_tile = _f32(_zeros(ATT_TILE * c.n_heads * c.head_dim), keep)
+        self.q_tile = _f32(_zeros(ATT_TILE * c.n_heads * head_dim), keep)
+        self.ao_tile = _f32(_zeros(ATT_TILE * c.n_heads * head_dim), keep)
         self.att = _filled_as_used(ATT_TILE * c.n_heads * cache_len)
-        self.k_block, self.v_block = _f32(_zeros(BLOCK * c.kv_dim), keep), _f32(_zeros(BLOCK * c.kv_dim), keep)
+        self.k_block, self.v_block = _f32(_zeros(BLOCK * kv_dim), keep), _f32(_zeros(BLOCK * kv_dim), keep)
         self._lay_out_cache(c, cache_len)
         self.last_logits = _read_only_view(logits[0])
         self._lay_out_trace(c)
@@ -551,38 +627,51 @@ cdef class FastModel:
         """Each slot's layers' keys and values: cache_len rows, or for a layer
         with a sliding window a ring of window + RING_SLACK rows, all in one
         map that takes memory as rows fill (a slot that never runs takes
-        none). Head-major, (nkv, rows, hd) per layer: attention reads one kv
-        head's rows of consecutive positions, and they lie one after another
-        in memory (docs/architecture.md#kv-cache); key_cache[layer] shows
-        slot 0's as (rows, nkv, hd), as the reference's."""
-        cdef Py_ssize_t n = config.n_layers * self.n_slots
+        none). Head-major, (nkv, rows, hd) per layer, the layer's own sizes:
+        attention reads one kv head's rows of consecutive positions, and they
+        lie one after another in memory (docs/architecture.md#kv-cache);
+        key_cache[layer] shows slot 0's as (rows, nkv, hd), as the
+        reference's. A layer that reads another's cache (config.kv_source)
+        holds none: its entry is its source's, memory and views."""
+        cdef Py_ssize_t n_layers = config.n_layers
+        cdef Py_ssize_t n = n_layers * self.n_slots
         self.caches = <LayerCache*> PyMem_Malloc(n * sizeof(LayerCache))
         self.highs = <Py_ssize_t*> PyMem_Malloc(self.n_slots * sizeof(Py_ssize_t))
         if self.caches == NULL or self.highs == NULL:
             raise MemoryError("FastModel: no memory for the cache table")
-        windows = [config.window(layer) for layer in range(config.n_layers)]
+        windows = [config.window(layer) for layer in range(n_layers)]
         rows = [min(cache_len, w + RING_SLACK) if w > 0 else cache_len for w in windows]
-        keys = _filled_as_used(self.n_slots * sum(rows) * self.kv_dim)
-        values = _filled_as_used(self.n_slots * sum(rows) * self.kv_dim)
+        sources = [config.kv_source(layer) for layer in range(n_layers)]
+        shapes = [(config.n_kv_heads_of(layer), r, config.head_dim_of(layer)) for layer, r in enumerate(rows)]
+        sizes = [int(np.prod(shape)) for shape in shapes]
+        per_slot = sum(size for layer, size in enumerate(sizes) if sources[layer] == layer)
+        keys = _filled_as_used(self.n_slots * per_slot)
+        values = _filled_as_used(self.n_slots * per_slot)
+        self.cache_bytes = 2 * self.n_slots * per_slot * sizeof(float)
         cdef float* k0 = _f32(keys, self._keep)
         cdef float* v0 = _f32(values, self._keep)
         cdef Py_ssize_t slot, layer, at = 0
-        starts = np.cumsum([0] + rows * self.n_slots) * self.kv_dim
-        shapes = [(config.n_kv_heads, r, config.head_dim) for r in rows]
+        cdef LayerCache* kv
         self._slot_caches = []
         for slot in range(self.n_slots):
             self.highs[slot] = 0
-            for layer in range(config.n_layers):
-                self.caches[slot * config.n_layers + layer].keys = k0 + at * self.kv_dim
-                self.caches[slot * config.n_layers + layer].values = v0 + at * self.kv_dim
-                self.caches[slot * config.n_layers + layer].rows = rows[layer]
-                self.caches[slot * config.n_layers + layer].window = windows[layer]
-                at += rows[layer]
-            bounds = list(zip(starts[slot * config.n_layers:(slot + 1) * config.n_layers],
-                              starts[slot * config.n_layers + 1:(slot + 1) * config.n_layers + 1], shapes))
-            self._slot_caches.append(
-                (tuple(_read_only_view(keys[a:b].reshape(shape).transpose(1, 0, 2)) for a, b, shape in bounds),
-                 tuple(_read_only_view(values[a:b].reshape(shape).transpose(1, 0, 2)) for a, b, shape in bounds)))
+            key_views, value_views = [], []
+            for layer in range(n_layers):
+                kv = &self.caches[slot * n_layers + layer]
+                if sources[layer] != layer:  # the source's cache (an earlier layer: laid out already)
+                    kv[0] = self.caches[slot * n_layers + sources[layer]]
+                    key_views.append(key_views[sources[layer]])
+                    value_views.append(value_views[sources[layer]])
+                    continue
+                kv.keys = k0 + at
+                kv.values = v0 + at
+                kv.rows = rows[layer]
+                kv.window = windows[layer]
+                key_views.append(_read_only_view(keys[at:at + sizes[layer]].reshape(shapes[layer]).transpose(1, 0, 2)))
+                value_views.append(
+                    _read_only_view(values[at:at + sizes[layer]].reshape(shapes[layer]).transpose(1, 0, 2)))
+                at += sizes[layer]
+            self._slot_caches.append((tuple(key_views), tuple(value_views)))
         self.key_cache, self.value_cache = self._slot_caches[0]
         return 0
 
@@ -648,19 +737,20 @@ cdef class FastModel:
         return 0
 
     cdef int _lay_out_trace(self, object config) except -1:
-        """Offsets and shapes of every observed op in the trace of one position."""
-        sizes = {op: int(np.prod(op_shape(config, op))) for op in LAYER_TRACE_OPS}
-        offset = 0
-        for i, op in enumerate(LAYER_TRACE_OPS):
-            self.op_offset[i] = offset
-            offset += sizes[op]
-        self.trace_stride = offset
-        self.trace_head = self.dim + self.n_layers * self.trace_stride
+        """Offsets and shapes of every observed op in the trace of one position
+        (each layer's own sizes: gemma_cy.model.observe.op_shape)."""
+        self.trace_at = <Py_ssize_t*> PyMem_Malloc(self.n_layers * N_LAYER_OPS * sizeof(Py_ssize_t))
+        if self.trace_at == NULL:
+            raise MemoryError("FastModel: no memory for the trace table")
         layout = {(-1, "embed"): (0, op_shape(config, "embed"))}
+        offset = self.dim
         for layer in range(self.n_layers):
             for i, op in enumerate(LAYER_TRACE_OPS):
-                layout[layer, op] = (self.dim + layer * self.trace_stride + self.op_offset[i],
-                                     op_shape(config, op))
+                shape = op_shape(config, op, layer)
+                self.trace_at[layer * N_LAYER_OPS + i] = offset
+                layout[layer, op] = (offset, shape)
+                offset += int(np.prod(shape))
+        self.trace_head = offset
         layout[self.n_layers, "final_norm"] = (self.trace_head, op_shape(config, "final_norm"))
         layout[self.n_layers, "logits"] = (self.trace_head + self.dim, op_shape(config, "logits"))
         buf = _zeros(self.trace_head + self.dim + self.vocab_size)
@@ -836,14 +926,17 @@ cdef class FastModel:
         if not 0 < n_pos <= self.highs[src] or not self.resumable(n_pos, src):
             raise IndexError(f"copy_slot: slot {src} does not hold positions 0 .. {n_pos - 1} "
                              f"(it has run to {self.highs[src]})")
-        cdef Py_ssize_t layer, head, n, hd = self.head_dim
+        cdef Py_ssize_t layer, head, n, hd
         cdef const LayerCache* a
         cdef LayerCache* b
         for layer in range(self.n_layers):
+            if not self.layers[layer].own_kv:  # its cache is its source layer's, copied there
+                continue
+            hd = self.layers[layer].hd
             a = &self.caches[src * self.n_layers + layer]
             b = &self.caches[dst * self.n_layers + layer]
             n = min(n_pos, a.rows)  # a ring holds its last rows positions: all of its rows then
-            for head in range(self.n_kv_heads):
+            for head in range(self.layers[layer].nkv):
                 memcpy(b.keys + head * b.rows * hd, a.keys + head * a.rows * hd, n * hd * sizeof(float))
                 memcpy(b.values + head * b.rows * hd, a.values + head * a.rows * hd, n * hd * sizeof(float))
         self.highs[dst] = n_pos
@@ -896,15 +989,17 @@ cdef class FastModel:
         x = block(x) for each layer; final_norm and logits of the rows
         out_row[0 .. n_out-1] into self.out's rows, in one product. Returns
         T, or the first row that went non-finite (first_bad says where)."""
-        cdef Py_ssize_t layer, t, i, half = self.head_dim // 2, dim = self.dim
+        cdef Py_ssize_t layer, t, i, half = self.rope_half, dim = self.dim
         cdef int table
         for t in range(T):
             for table in range(2):
                 k_rope_cos_sin(self.rope_cos + (2 * t + table) * half, self.rope_sin + (2 * t + table) * half,
-                               self.rot_dims, self.row_pos[t], self.rope_bases[table], self.rope_factors,
-                               self.rope_scale)
+                               self.rot_dims[table], self.row_pos[t], self.rope_bases[table],
+                               self.rope_factors[table], self.rope_scale)
             self.embed(self.x + t * dim, ids[t], self.row_pos[t])  # (dim,)
             self.bad_at[t] = ALL_FINITE if k_all_finite(self.x + t * dim, dim) else -1
+        if self.ple_dim > 0:
+            self.per_layer_inputs(ids, T)  # (T, n_layers, ple)
         self.observe(0, self.x, dim)
         for layer in range(self.n_layers):
             self.block(self.x, &self.layers[layer], layer, T)  # (T, dim)
@@ -936,7 +1031,8 @@ cdef class FastModel:
 
     cdef int block(self, float* x, const LayerWeights* w, Py_ssize_t layer, Py_ssize_t T) except -1 nogil:
         """One transformer layer on x (T, dim) in place:
-        x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x))."""
+        x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x));
+        Gemma 4: x += the per-layer input's block (per_layer_input), then x *= layer_scalar."""
         cdef Py_ssize_t dim = self.dim
         self.rmsnorm(self.xb, x, w.attn_norm, dim, T)  # (T, dim)
         self.observe_layer(layer, OP_ATTN_NORM, self.xb, dim)
@@ -954,8 +1050,41 @@ cdef class FastModel:
             self.rmsnorm(self.xb2, self.xb2, w.post_ffn_norm, dim, T)
         self.observe_layer(layer, OP_MLP, self.xb2, dim)
         k_add(x, self.xb2, T * dim)
+        if self.ple_dim > 0:
+            self.per_layer_input(x, w, layer, T)
+        if self.layer_scalars:
+            k_scale(x, w.layer_scalar, T * dim)
         self.observe_layer(layer, OP_RESID_MLP, x, dim)
         return 0
+
+    cdef inline void per_layer_inputs(self, const int32_t* ids, Py_ssize_t T) noexcept nogil:
+        """Gemma 4's per-layer inputs of the block's rows, from their
+        embeddings x (T, dim) into ple_in (T, n_layers, ple):
+        (RMSNorm_ple(P x * dim^-0.5) + embed_per_layer[token] * ple^0.5) * 2^-0.5,
+        the norm over each layer's ple values (reference/layers.py per_layer_inputs)."""
+        cdef Py_ssize_t n = self.n_layers * self.ple_dim, t
+        self.matmul(self.ple_in, &self.per_layer_model_proj, self.x, T)  # (T, n_layers * ple)
+        k_scale(self.ple_in, self.ple_proj_scale, T * n)
+        self.rmsnorm(self.ple_in, self.ple_in, self.per_layer_proj_norm, self.ple_dim, T * self.n_layers)
+        for t in range(T):
+            k_matrix_row(self.ple_row, &self.embed_per_layer, ids[t])  # (n_layers * ple,)
+            k_scale(self.ple_row, self.ple_embed_scale, n)
+            k_add(self.ple_in + t * n, self.ple_row, n)
+        k_scale(self.ple_in, self.ple_sum_scale, T * n)
+
+    cdef inline void per_layer_input(self, float* x, const LayerWeights* w, Py_ssize_t layer,
+                                     Py_ssize_t T) noexcept nogil:
+        """x (T, dim) += ple_post_norm(ple_proj(act(ple_gate x) * this layer's input)), in place."""
+        cdef Py_ssize_t ple = self.ple_dim, n = self.n_layers * ple, t
+        self.matmul(self.hb, &w.ple_gate, x, T)  # (T, ple)
+        for t in range(T):
+            if self.gelu:
+                k_gelu_tanh_mul(self.hb + t * ple, self.hb + t * ple, self.ple_in + t * n + layer * ple, ple)
+            else:
+                k_silu_mul(self.hb + t * ple, self.hb + t * ple, self.ple_in + t * n + layer * ple, ple)
+        self.matmul(self.xb2, &w.ple_proj, self.hb, T)  # (T, dim)
+        self.rmsnorm(self.xb2, self.xb2, w.ple_post_norm, self.dim, T)
+        k_add(x, self.xb2, T * self.dim)
 
     cdef inline void embed(self, float* out, Py_ssize_t token, Py_ssize_t pos) noexcept nogil:
         """Token row * embed_scale (+ the learned position row): out (dim,).
@@ -974,12 +1103,13 @@ cdef class FastModel:
         for r in range(rows):
             k_rmsnorm(out + r * n, x + r * n, gain, n, self.norm_eps, self.one_plus)
 
-    cdef inline void rope(self, float* x, Py_ssize_t n_heads, Py_ssize_t t, Py_ssize_t table) noexcept nogil:
+    cdef inline void rope(self, float* x, Py_ssize_t n_heads, Py_ssize_t hd, Py_ssize_t t,
+                          Py_ssize_t table) noexcept nogil:
         """Rotates each head of x (n_heads, hd) in place by the angles of
         position t of the block (table 0: global base, 1: local base)."""
-        cdef Py_ssize_t half = self.head_dim // 2
+        cdef Py_ssize_t half = self.rope_half
         k_rope_apply(x, self.rope_cos + (2 * t + table) * half, self.rope_sin + (2 * t + table) * half,
-                     n_heads, self.head_dim, self.rot_dims, self.pairing)
+                     n_heads, hd, self.rot_dims[table], self.pairing)
 
     cdef inline void matmul(self, float* out, const QMatrix* w, const float* x, Py_ssize_t T) noexcept nogil:
         """out (T, w.rows) = x (T, w.cols) . w^T; in q8 mode x is quantized to
@@ -1003,34 +1133,52 @@ cdef class FastModel:
         up to ATT_TILE consecutive rows of one segment (one slot) go
         together, each row's scores and sums taking the steps one position
         alone takes."""
-        cdef Py_ssize_t hd = self.head_dim, nh = self.n_heads, nkv = self.n_kv_heads, kvd = self.kv_dim
-        cdef Py_ssize_t qd = self.q_dim, cl = self.cache_len, t, row, head, seg_end
+        cdef Py_ssize_t hd = w.hd, nh = self.n_heads, nkv = w.nkv, kvd = w.kvd
+        cdef Py_ssize_t qd = w.qd, t, row, head, seg_end
         cdef LayerCache* kv
         cdef float* k = self.k_block  # (T, nkv, hd)
         cdef float* v = self.v_block  # (T, nkv, hd)
         self.matmul(self.q, &w.q_proj, x, T)  # (T, nh, hd)
-        self.matmul(k, &w.k_proj, x, T)  # (T, nkv, hd)
-        self.matmul(v, &w.v_proj, x, T)  # (T, nkv, hd)
+        if w.own_kv:
+            self.matmul(k, &w.k_proj, x, T)  # (T, nkv, hd)
+            if w.v_from_k:  # Gemma 4's global layers: v is k's projection
+                memcpy(v, k, T * kvd * sizeof(float))
+            else:
+                self.matmul(v, &w.v_proj, x, T)  # (T, nkv, hd)
         if w.q_bias != NULL:
             for t in range(T):
                 k_add(self.q + t * qd, w.q_bias, qd)
-                k_add(k + t * kvd, w.k_bias, kvd)
-                k_add(v + t * kvd, w.v_bias, kvd)
+                if w.own_kv:
+                    k_add(k + t * kvd, w.k_bias, kvd)
+                    k_add(v + t * kvd, w.v_bias, kvd)
         if w.q_norm != NULL:
             self.rmsnorm(self.q, self.q, w.q_norm, hd, T * nh)
+        if w.k_norm != NULL:
             self.rmsnorm(k, k, w.k_norm, hd, T * nkv)
+        if self.v_norm and w.own_kv:  # no gain
+            for t in range(T * nkv):
+                k_rmsnorm(v + t * hd, v + t * hd, self.ones, hd, self.norm_eps, False)
         for t in range(T):
-            self.rope(self.q + t * qd, nh, t, w.rope_table)
-            self.rope(k + t * kvd, nkv, t, w.rope_table)
+            self.rope(self.q + t * qd, nh, hd, t, w.rope_table)
+            if w.own_kv:
+                self.rope(k + t * kvd, nkv, hd, t, w.rope_table)
+        if w.own_kv:
+            for t in range(T):  # into the cache rows of the rows' positions, in their slots
+                kv = &self.caches[self.row_slot[t] * self.n_layers + layer]
+                row = self.row_pos[t] % kv.rows
+                for head in range(nkv):
+                    memcpy(kv.keys + (head * kv.rows + row) * hd, k + t * kvd + head * hd, hd * sizeof(float))
+                    memcpy(kv.values + (head * kv.rows + row) * hd, v + t * kvd + head * hd, hd * sizeof(float))
+        elif self.tracing:  # a shared layer observes the keys and values it reads: its source's of the row
+            for t in range(T):
+                kv = &self.caches[self.row_slot[t] * self.n_layers + layer]
+                row = self.row_pos[t] % kv.rows
+                for head in range(nkv):
+                    memcpy(k + t * kvd + head * hd, kv.keys + (head * kv.rows + row) * hd, hd * sizeof(float))
+                    memcpy(v + t * kvd + head * hd, kv.values + (head * kv.rows + row) * hd, hd * sizeof(float))
         self.observe_layer(layer, OP_Q, self.q, qd)
         self.observe_layer(layer, OP_K, k, kvd)
         self.observe_layer(layer, OP_V, v, kvd)
-        for t in range(T):  # into the cache rows of the rows' positions, in their slots
-            kv = &self.caches[self.row_slot[t] * self.n_layers + layer]
-            row = self.row_pos[t] % kv.rows
-            for head in range(nkv):
-                memcpy(kv.keys + (head * kv.rows + row) * hd, k + t * kvd + head * hd, hd * sizeof(float))
-                memcpy(kv.values + (head * kv.rows + row) * hd, v + t * kvd + head * hd, hd * sizeof(float))
 
         cdef Py_ssize_t t0 = 0, n_pos, h, g, n_group
         while t0 < T:
@@ -1070,7 +1218,7 @@ cdef class FastModel:
         run in the order of the positions: the rows before c0 (the last
         position's start) per position, [c0, c1) (seen by every position)
         for all rows at once, then the rest per position."""
-        cdef Py_ssize_t hd = self.head_dim, kvd = self.kv_dim, qd = self.q_dim, cl = self.cache_len
+        cdef Py_ssize_t hd = w.hd, qd = w.qd, cl = self.cache_len
         cdef Py_ssize_t rows = n_pos * n_group, p, r, i, start, end, split
         cdef Py_ssize_t lo = _window_start(pos1, w.window), hi = pos1 + n_pos
         cdef Py_ssize_t c0 = _window_start(hi - 1, w.window)
@@ -1079,7 +1227,7 @@ cdef class FastModel:
         cdef float* score
         for p in range(n_pos):
             memcpy(self.q_tile + p * n_group * hd, q + p * qd, n_group * hd * sizeof(float))
-        self.scores_of(att, cl, rows, kv, g, lo, hi)
+        self.scores_of(att, cl, rows, kv, hd, g, lo, hi)
         for p in range(n_pos):
             start = _window_start(pos1 + p, w.window)
             for r in range(p * n_group, (p + 1) * n_group):
@@ -1095,20 +1243,20 @@ cdef class FastModel:
             split = end if end < c0 else c0
             if split > start:
                 self.weighted_values(self.ao_tile + p * n_group * hd, att + p * n_group * cl + (start - lo), cl,
-                                     n_group, kv, g, start, split)
+                                     n_group, kv, hd, g, start, split)
         if c1 > c0:
-            self.weighted_values(self.ao_tile, att + (c0 - lo), cl, rows, kv, g, c0, c1)
+            self.weighted_values(self.ao_tile, att + (c0 - lo), cl, rows, kv, hd, g, c0, c1)
         for p in range(n_pos):  # [max(min(end, c0), c1), end)
             end = pos1 + p + 1
             split = end if end < c0 else c0
             split = split if split > c1 else c1
             if end > split:
                 self.weighted_values(self.ao_tile + p * n_group * hd, att + p * n_group * cl + (split - lo), cl,
-                                     n_group, kv, g, split, end)
+                                     n_group, kv, hd, g, split, end)
         return 0
 
     cdef inline void scores_of(self, float* att, Py_ssize_t att_stride, Py_ssize_t rows, const LayerCache* kv,
-                               Py_ssize_t g, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
+                               Py_ssize_t hd, Py_ssize_t g, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
         """att[r, i] = q_tile row r . key of kv head g at position lo + i, for
         lo <= lo + i < hi: one k_scores per run of consecutive cache rows (a
         span wraps a ring at most once; each score's bits are the same)."""
@@ -1116,12 +1264,13 @@ cdef class FastModel:
         while pos < hi:
             row = pos % kv.rows
             n = min(hi - pos, kv.rows - row)
-            k_scores(att + (pos - lo), att_stride, self.q_tile, self.head_dim, rows,
-                     kv.keys + (g * kv.rows + row) * self.head_dim, self.head_dim, n, self.head_dim)
+            k_scores(att + (pos - lo), att_stride, self.q_tile, hd, rows,
+                     kv.keys + (g * kv.rows + row) * hd, hd, n, hd)
             pos += n
 
     cdef inline void weighted_values(self, float* y, const float* probs, Py_ssize_t probs_stride, Py_ssize_t m,
-                                     const LayerCache* kv, Py_ssize_t g, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+                                     const LayerCache* kv, Py_ssize_t hd, Py_ssize_t g, Py_ssize_t a,
+                                     Py_ssize_t b) noexcept nogil:
         """y (m, hd) += probs (m, b - a) . the values of kv head g at positions
         a .. b-1, in the order of the positions: one k_weighted_rows per run
         of consecutive cache rows (a sum split over calls has the bits of one)."""
@@ -1129,8 +1278,8 @@ cdef class FastModel:
         while pos < b:
             row = pos % kv.rows
             n = min(b - pos, kv.rows - row)
-            k_weighted_rows(y, self.head_dim, probs + (pos - a), probs_stride, m,
-                            kv.values + (g * kv.rows + row) * self.head_dim, self.head_dim, n, self.head_dim)
+            k_weighted_rows(y, hd, probs + (pos - a), probs_stride, m,
+                            kv.values + (g * kv.rows + row) * hd, hd, n, hd)
             pos += n
 
     cdef inline void mlp(self, float* out, const float* x, const LayerWeights* w, Py_ssize_t T) noexcept nogil:
@@ -1138,9 +1287,9 @@ cdef class FastModel:
         self.matmul(self.hb, &w.gate_proj, x, T)  # (T, mlp)
         self.matmul(self.hb2, &w.up_proj, x, T)  # (T, mlp)
         if self.gelu:
-            k_gelu_tanh_mul(self.hb, self.hb, self.hb2, T * self.mlp_dim)
+            k_gelu_tanh_mul(self.hb, self.hb, self.hb2, T * w.gate_proj.rows)
         else:
-            k_silu_mul(self.hb, self.hb, self.hb2, T * self.mlp_dim)
+            k_silu_mul(self.hb, self.hb, self.hb2, T * w.gate_proj.rows)
         self.matmul(out, &w.down_proj, self.hb, T)  # (T, dim)
 
     cdef inline void final_norm(self, float* out, const float* x) noexcept nogil:
@@ -1166,7 +1315,7 @@ cdef class FastModel:
 
     cdef inline int observe_layer(self, Py_ssize_t layer, LayerOp op, const float* value,
                                   Py_ssize_t n) except -1 nogil:
-        return self.observe(self.dim + layer * self.trace_stride + self.op_offset[<int> op], value, n)
+        return self.observe(self.trace_at[layer * N_LAYER_OPS + <int> op], value, n)
 
 
 

@@ -47,6 +47,8 @@ def teacher_forced(reference, got: dict, ids: Sequence[int]) -> dict:
             return got[layer, op, pos]
         want[-1, "embed", pos] = L.embed(w, token, pos, c)
         x = at(-1, "embed")
+        # Gemma 4: the per-layer inputs of the other engine's embedding (n_layers, ple)
+        ple = L.per_layer_inputs(w, token, x, c) if c.per_layer_input_dim else None
         for layer in range(c.n_layers):
             lw = w.layers[layer]
             want[layer, "attn_norm", pos] = norm(x, lw.attn_norm)
@@ -55,14 +57,23 @@ def teacher_forced(reference, got: dict, ids: Sequence[int]) -> dict:
                         lambda _l, op, _p, value: inner.__setitem__(op, value))
             for op in ("q", "k", "v", "attn_out"):
                 want[layer, op, pos] = inner[op]
-            cache.key_cache[layer, pos], cache.value_cache[layer, pos] = at(layer, "k"), at(layer, "v")
+            if c.kv_source(layer) == layer:  # (a shared layer observes its source's: cached there)
+                nkv, hd = c.n_kv_heads_of(layer), c.head_dim_of(layer)
+                cache.key_cache[layer, pos, :nkv, :hd] = at(layer, "k")
+                cache.value_cache[layer, pos, :nkv, :hd] = at(layer, "v")
             attn = lw.o_proj @ at(layer, "attn_out")
             want[layer, "attn", pos] = norm(attn, lw.post_attn_norm) if c.post_norms else attn
             want[layer, "resid_attn", pos] = x + at(layer, "attn")
             want[layer, "ffn_norm", pos] = norm(at(layer, "resid_attn"), lw.ffn_norm)
             m = L.mlp(at(layer, "ffn_norm"), lw, c)
             want[layer, "mlp", pos] = norm(m, lw.post_ffn_norm) if c.post_norms else m
-            want[layer, "resid_mlp", pos] = at(layer, "resid_attn") + at(layer, "mlp")
+            out = at(layer, "resid_attn") + at(layer, "mlp")
+            if ple is not None:  # Gemma 4's per-layer input block, on the other engine's residual
+                act = L.GATE_ACTIVATION_FUNCTIONS[c.activation]
+                out = out + norm(lw.ple_proj @ (act(lw.ple_gate @ out) * ple[layer]), lw.ple_post_norm)
+            if lw.layer_scalar is not None:
+                out = out * lw.layer_scalar[0]
+            want[layer, "resid_mlp", pos] = out
             x = at(layer, "resid_mlp")
         head = c.n_layers
         want[head, "final_norm", pos] = L.final_norm(x, w, c)

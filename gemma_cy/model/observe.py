@@ -16,6 +16,7 @@ is a read-only f32 array that the observer may keep:
                   "ffn_norm"    (dim,)    input of the MLP
                   "mlp"         (dim,)    after down_proj (and post_ffn_norm)
                   "resid_mlp"   (dim,)    x after the MLP residual add: the layer's output
+  (Gemma 4: "resid_mlp" after the per-layer input block and times the layer scalar)
   layer n_layers  "final_norm"  (dim,)
                   "logits"      (vocab,)  after the final soft-cap, if any
 
