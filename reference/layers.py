@@ -233,10 +233,14 @@ class KVCache:
         c = config
         n_kv = max(c.n_kv_heads_of(layer) for layer in range(c.n_layers))
         hd = max(c.head_dim_of(layer) for layer in range(c.n_layers))
-        shape = (c.n_layers, max_len, n_kv, hd)
+        # Gemma 4's shared layers hold none of their own: index[layer] is the row
+        # of the layer whose keys and values it reads (layer l itself elsewhere)
+        own = sorted({c.kv_source(layer) for layer in range(c.n_layers)})
+        self.index = [own.index(c.kv_source(layer)) for layer in range(c.n_layers)]
+        shape = (len(own), max_len, n_kv, hd)
         self.max_len = max_len
-        self.key_cache = np.zeros(shape, dtype=np.float32)  # (n_layers, max_len, nkv, hd)
-        self.value_cache = np.zeros(shape, dtype=np.float32)  # (n_layers, max_len, nkv, hd)
+        self.key_cache = np.zeros(shape, dtype=np.float32)  # (layers with a cache, max_len, nkv, hd)
+        self.value_cache = np.zeros(shape, dtype=np.float32)  # (layers with a cache, max_len, nkv, hd)
 
 
 def no_observer(layer: int, op: str, pos: int, value: np.ndarray) -> None:
@@ -383,10 +387,11 @@ def attention(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCac
         if c.v_norm:
             v = rmsnorm(v, np.ones(hd, np.float32), c.norm_eps, False)  # (nkv, hd), no gain
         k = rope(k, pos, base, c.rope_pairing, w.rope_freqs, c.rope_dims, c.rope_attn_factor)  # (nkv, hd)
-        cache.key_cache[layer, pos, :nkv, :hd] = k
-        cache.value_cache[layer, pos, :nkv, :hd] = v
+        cache.key_cache[cache.index[layer], pos, :nkv, :hd] = k
+        cache.value_cache[cache.index[layer], pos, :nkv, :hd] = v
     else:  # Gemma 4's shared layers: the keys and values layer src cached for this position
-        k, v = cache.key_cache[src, pos, :nkv, :hd], cache.value_cache[src, pos, :nkv, :hd]  # (nkv, hd)
+        i = cache.index[layer]
+        k, v = cache.key_cache[i, pos, :nkv, :hd], cache.value_cache[i, pos, :nkv, :hd]  # (nkv, hd)
     observer(layer, "q", pos, q)
     observer(layer, "k", pos, k)
     observer(layer, "v", pos, v)
@@ -394,8 +399,8 @@ def attention(x: np.ndarray, w: LayerWeights, layer: int, pos: int, cache: KVCac
     start = window_start(pos, c.window(layer))
     # GQA: query head h reads kv head h * nkv // nh
     kv_head = np.arange(c.n_heads) * nkv // c.n_heads  # (nh,)
-    keys = cache.key_cache[src, start:pos + 1, :nkv, :hd][:, kv_head]  # (T, nh, hd)
-    values = cache.value_cache[src, start:pos + 1, :nkv, :hd][:, kv_head]  # (T, nh, hd)
+    keys = cache.key_cache[cache.index[layer], start:pos + 1, :nkv, :hd][:, kv_head]  # (T, nh, hd)
+    values = cache.value_cache[cache.index[layer], start:pos + 1, :nkv, :hd][:, kv_head]  # (T, nh, hd)
 
     scores = np.einsum("hd,thd->ht", q, keys) * np.float32(c.scores_scale)  # (nh, T)
     if c.attn_softcap > 0:

@@ -295,3 +295,15 @@ def test_shared_layers_need_a_layer_of_their_kind(shared, needle):
     with pytest.raises(ModelFormatError, match=needle):
         ModelConfig(n_layers=6, dim=64, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=64, vocab_size=8,
                     max_seq_len=8, sliding_window=4, sliding_window_pattern=3, kv_shared_layers=shared)
+
+
+def test_reference_cache_follows_the_sharing():
+    """The reference's cache has rows for the layers that compute k and v
+    only (Gemma 4's shared layers read their source's row)."""
+    from gemma_cy_reference.layers import KVCache
+
+    c = read_gguf(str(ARCH / "gemma4" / "model-q8_0.gguf")).config
+    cache = KVCache(c, 16)
+    assert cache.key_cache.shape == (3, 16, 2, 32) and cache.index == [0, 1, 2, 1, 1, 2]
+    uniform = read_gguf(str(ARCH / "qwen3" / "model-q8_0.gguf")).config
+    assert KVCache(uniform, 4).index == list(range(uniform.n_layers))

@@ -59,8 +59,8 @@ def teacher_forced(reference, got: dict, ids: Sequence[int]) -> dict:
                 want[layer, op, pos] = inner[op]
             if c.kv_source(layer) == layer:  # (a shared layer observes its source's: cached there)
                 nkv, hd = c.n_kv_heads_of(layer), c.head_dim_of(layer)
-                cache.key_cache[layer, pos, :nkv, :hd] = at(layer, "k")
-                cache.value_cache[layer, pos, :nkv, :hd] = at(layer, "v")
+                cache.key_cache[cache.index[layer], pos, :nkv, :hd] = at(layer, "k")
+                cache.value_cache[cache.index[layer], pos, :nkv, :hd] = at(layer, "v")
             attn = lw.o_proj @ at(layer, "attn_out")
             want[layer, "attn", pos] = norm(attn, lw.post_attn_norm) if c.post_norms else attn
             want[layer, "resid_attn", pos] = x + at(layer, "attn")
