@@ -1090,7 +1090,8 @@ cdef class FastModel:
     cdef int block(self, float* x, const LayerWeights* w, Py_ssize_t layer, Py_ssize_t T) except -1 nogil:
         """One transformer layer on x (T, dim) in place:
         x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x));
-        Gemma 4: x += the per-layer input's block (per_layer_input), then x *= layer_scalar."""
+        Gemma 4: with experts, the MLP's output is moe_post_norm_1(mlp) + experts(x), each row
+        on its own; x += the per-layer input's block (per_layer_input), then x *= layer_scalar."""
         cdef Py_ssize_t dim = self.dim, t
         self.rmsnorm(self.xb, x, w.attn_norm, dim, T)  # (T, dim)
         self.observe_layer(layer, OP_ATTN_NORM, self.xb, dim)
