@@ -58,9 +58,8 @@ F32_TIE_GAPS = {"gemma4": 0.01}
 
 GGUF_ARCH = {"llama3": "llama", "gemma4_moe": "gemma4"}  # a directory's architecture, where the GGUF differs
 FILES_OF = {"gemma4": ("f32", "q8_0"), "gemma4_moe": ("f32", "q8_0")}  # Gemma 4's (docs/model.md#architecture-oracles)
-# Every architecture runs on the fast engine but Gemma 4's expert block, which it refuses
-# (test_fast_engine_refuses_experts).
-FAST_ARCHS = [arch for arch in ARCHS if arch != "gemma4_moe"]
+# Every architecture runs on the fast engine (Gemma 4's expert block too).
+FAST_ARCHS = ARCHS
 # Ties in the model itself: on Gemma 4's "story" prompt, step 42's top two
 # logits are one f32 ulp apart in transformers' own run (step_margins: 1.19e-7)
 # and in the reference's (2.4e-7), and the fast engine, whose sums take
@@ -160,18 +159,16 @@ def greedy_ids(engine, ids: list[int], n: int) -> tuple[list[int], list[float]]:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kind, activations", [("f32", "f32"), ("q8_0", "q8")])
 def test_greedy_ids_are_llama_cpps(arch, kind, activations):
-    """The fast engine's (the reference's, for a model the fast engine does
-    not run yet) 64 greedy ids on the F32 file (f32 mode) and the
+    """The fast engine's 64 greedy ids on the F32 file (f32 mode) and the
     Q8_0 file (q8 mode: llama.cpp's numerics) against llama.cpp's on the
     same file (its KV cache in f32). F32: identical. Q8_0: identical up to
     the first step where they part, which must be a near tie for gemma-cy
     (top-2 gap under Q8_TIE_GAP: the two roundings may choose differently
     there); printed."""
     from gemma_cy.fast.engine import FastEngine
-    from gemma_cy_reference.model import ReferenceEngine
 
     weights = read_gguf(path(arch, kind))
-    engine = (FastEngine if arch in FAST_ARCHS else ReferenceEngine)(weights, 512, activations=activations)
+    engine = FastEngine(weights, 512, activations=activations)
     for p in golden(arch)["prompts"]:
         theirs = p[f"llama_cpp_{kind}"]
         ours, gaps = greedy_ids(engine, p["prompt_ids"], len(theirs))
@@ -249,15 +246,44 @@ def test_gemma4_batch_gives_each_sequence_its_bits_alone(activations):
     assert np.array_equal(bits(a), bits(FastEngine(weights, 512, activations=activations).prefill(long + [9])))
 
 
-def test_fast_engine_refuses_experts():
-    """Until the fast engine runs Gemma 4's expert block, such a file is
-    refused there in one line naming the way out, not run without it."""
-    from gemma_cy.errors import ParameterError
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+def test_gemma4_experts_run_row_by_row(activations):
+    """The fast engine's expert block runs each row on its own (rows choose
+    different experts): a prompt prefilled gives the bits of its positions
+    decoded one by one (logits and every layer's cache rows), and sequences
+    batched, joining at different steps, prompts cut in chunks, get the
+    logits and greedy ids each gets alone (docs/numerics.md#batch-invariance)."""
+    from gemma_cy.fast.batch import FastBatchEngine
     from gemma_cy.fast.engine import FastEngine
+    from test_batch_engine import bits, greedy_alone, run_batched
 
-    with pytest.raises(ParameterError, match="engine='reference'") as e:
-        FastEngine(read_gguf(path("gemma4_moe", "q8_0")), 64)
-    assert "\n" not in str(e.value)
+    weights = read_gguf(path("gemma4_moe", "q8_0"))
+    prompts = [p["prompt_ids"] for p in golden("gemma4_moe")["prompts"]]
+    whole, one_by_one = FastEngine(weights, 512, activations=activations), FastEngine(weights, 512,
+                                                                                       activations=activations)
+    for prompt in prompts[:3]:
+        whole.reset()
+        one_by_one.reset()
+        want = whole.prefill(prompt)
+        got = one_by_one.prefill(prompt[:1])
+        for token in prompt[1:]:
+            got = one_by_one.decode(token)
+        assert np.array_equal(bits(got), bits(want))
+        for layer in range(weights.config.n_layers):
+            rows = [whole.model.cache_row(layer, p) for p in range(len(prompt))]
+            assert np.array_equal(bits(whole.model.key_cache[layer][rows]),
+                                  bits(one_by_one.model.key_cache[layer][rows])), f"layer {layer}"
+            assert np.array_equal(bits(whole.model.value_cache[layer][rows]),
+                                  bits(one_by_one.model.value_cache[layer][rows])), f"layer {layer}"
+
+    seqs = [(prompts[0], 5, 0, [7, 30]), (prompts[1] * 3, 4, 1, [64]), (prompts[2], 6, 2, [3, 1]),
+            (prompts[3], 3, 0, [100])]
+    got = run_batched(FastBatchEngine(weights, 512, 3, activations=activations), seqs, seed=7)
+    for i, (prompt, n_dec, _, _) in enumerate(seqs):
+        tokens, logits = greedy_alone(FastEngine(weights, 512, activations=activations), prompt, n_dec)
+        b_tokens, b_logits, _ = got[i]
+        assert b_tokens == tokens, f"sequence {i}"
+        assert all(np.array_equal(bits(a), bits(b)) for a, b in zip(logits, b_logits)), f"sequence {i}"
 
 
 # An op that quantizes an intermediate of its own (the MLP's gated product

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from ..errors import ParameterError, TokenIndexError
+from ..errors import TokenIndexError
 from ..model.checks import CheckedEngine, cache_length, non_finite_error
 from ..model.observe import Observer, observed_calls
 from ..model.weights import Weights
@@ -54,10 +54,6 @@ class FastEngine(CheckedEngine):
     def __init__(self, weights: Weights, max_cache_len: int, isa: str | None = None,
                  activations: str = "f32", n_slots: int = 1) -> None:
         self.config = weights.config
-        if self.config.n_experts:
-            raise ParameterError(f"{weights.source or 'weights'}: the fast engine does not run Gemma 4's expert "
-                                 f"block yet (docs/model.md#gemma-4); run this model with engine='reference' "
-                                 f"(CLI: --engine reference)")
         self.cache_len = cache_length(max_cache_len, self.config)
         self.isa = ops.ISA if isa is None else isa
         self.activations = activations

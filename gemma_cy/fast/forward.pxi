@@ -130,6 +130,14 @@ cdef struct LayerWeights:
     QMatrix ple_proj  # (dim, ple)
     const float* ple_post_norm  # (dim,), NULL unless config.per_layer_input_dim
     float layer_scalar  # the layer's output times this when config.layer_scalars
+    # Gemma 4's expert block (config.n_experts; all NULL / 0 rows without it)
+    QMatrix router_proj  # (n_experts, dim), f32 in every file: an f32 product in both activation modes
+    const float* router_scale  # (dim,)
+    const float* expert_scales  # (n_experts,)
+    const float* moe_post_norm_1  # (dim,) the MLP's output's norm
+    const float* moe_pre_norm_2  # (dim,) the experts' input's norm
+    const float* moe_post_norm_2  # (dim,) the experts' output's norm
+    const QMatrix* experts  # (n_experts, 2): expert e's gate_up (2 emlp, dim) at 2e, its down (dim, emlp) at 2e+1
     Py_ssize_t rope_table  # 0: the global RoPE base's cos/sin, 1: the local one's
     Py_ssize_t window  # positions attended to, itself included; 0 = all
 
@@ -410,6 +418,19 @@ cdef class FastModel:
     cdef bint v_norm  # v RMS-normed per head without a gain (config.v_norm)
     cdef bint layer_scalars  # each layer's output times its layer_scalar
     cdef const float* ones  # (widest hd,) the gain of v's norm
+    # Gemma 4's expert block (config.n_experts, n_experts_used, expert_mlp_dim; 0 = none)
+    cdef readonly Py_ssize_t n_experts, n_experts_used, expert_mlp_dim
+    cdef QMatrix* expert_table  # (n_layers, n_experts, 2) every layer's experts' matrices (LayerWeights.experts)
+    cdef float router_dim_scale  # dim^-0.5 as f32 (the reference's)
+    cdef const float* moe_ones  # (dim,) the router's norm's gain (none: ones)
+    cdef float* moe_h  # (dim,) the router's input
+    cdef float* moe_probs  # (n_experts,) the router's scores, then probabilities
+    cdef float* moe_weight  # (n_experts,) a chosen expert's weight (the others' unused)
+    cdef int8_t* moe_taken  # (n_experts,) 1 for a chosen expert
+    cdef float* moe_xn  # (dim,) the experts' input
+    cdef float* moe_gu  # (2 emlp,) an expert's gate and up, then act(gate) * up in the first half
+    cdef float* moe_tmp  # (dim,) an expert's output
+    cdef float* moe_sum  # (dim,) the weighted sum of the chosen experts' outputs
 
     # run state: scratch buffers, allocated once; T = positions of the block
     cdef bint act_q8  # quantize every matrix input to int8 per block of 32
@@ -466,9 +487,11 @@ cdef class FastModel:
         self.highs = NULL
         self.trace_at = NULL
         self.states_out = NULL
+        self.expert_table = NULL
 
     def __dealloc__(self):
         PyMem_Free(self.layers)
+        PyMem_Free(self.expert_table)
         PyMem_Free(self.caches)
         PyMem_Free(self.highs)
         PyMem_Free(self.trace_at)
@@ -510,6 +533,7 @@ cdef class FastModel:
         self.ple_dim = c.per_layer_input_dim
         self.v_norm = c.v_norm
         self.layer_scalars = c.layer_scalars
+        self.n_experts, self.n_experts_used, self.expert_mlp_dim = c.n_experts, c.n_experts_used, c.expert_mlp_dim
 
         tensors = weights.tensors
         if self.act_q8:
@@ -553,6 +577,11 @@ cdef class FastModel:
         self.layers = <LayerWeights*> PyMem_Malloc(c.n_layers * sizeof(LayerWeights))
         if self.layers == NULL:
             raise MemoryError("FastModel: no memory for the layer table")
+        cdef Py_ssize_t n_exp = c.n_experts, e, base
+        if n_exp:
+            self.expert_table = <QMatrix*> PyMem_Malloc(c.n_layers * n_exp * 2 * sizeof(QMatrix))
+            if self.expert_table == NULL:
+                raise MemoryError("FastModel: no memory for the expert table")
         cdef LayerWeights* w
         for layer in range(c.n_layers):
             w = &self.layers[layer]
@@ -584,6 +613,25 @@ cdef class FastModel:
             w.layer_scalar = float(weights[p + "layer_scalar"].dequantize()[0]) if c.layer_scalars else 1
             w.rope_table = 1 if c.is_local(layer) else 0
             w.window = c.window(layer)
+            if n_exp:  # the router is f32 in every file (gemma_cy.model.checks lets the q8 mode run it)
+                w.router_proj = _qmatrix(tensors[p + "router_proj"], keep, resident, scratch, BLOCK)
+                w.router_scale = _gain(weights[p + "router_scale"], keep)
+                w.expert_scales = _gain(weights[p + "expert_scales"], keep)
+                w.moe_post_norm_1 = _gain(weights[p + "moe_post_norm_1"], keep)
+                w.moe_pre_norm_2 = _gain(weights[p + "moe_pre_norm_2"], keep)
+                w.moe_post_norm_2 = _gain(weights[p + "moe_post_norm_2"], keep)
+                base = <Py_ssize_t> layer * n_exp * 2
+                for e in range(n_exp):
+                    self.expert_table[base + 2 * e] = _qmatrix(
+                        matrix(p + f"expert{e}_gate_up"), keep, resident, scratch, BLOCK)
+                    self.expert_table[base + 2 * e + 1] = _qmatrix(
+                        matrix(p + f"expert{e}_down"), keep, resident, scratch, BLOCK)
+                w.experts = self.expert_table + base
+            else:
+                w.router_proj = _no_matrix()
+                w.router_scale = w.expert_scales = NULL
+                w.moe_post_norm_1 = w.moe_pre_norm_2 = w.moe_post_norm_2 = NULL
+                w.experts = NULL
             release_file_maps(weights.keepalive)  # what reading its gains mapped (gemma_cy/fast/arena.py)
 
         self.x, self.xb, self.xb2 = (_f32(_zeros(BLOCK * c.dim), keep), _f32(_zeros(BLOCK * c.dim), keep),
@@ -596,7 +644,7 @@ cdef class FastModel:
         mlp_dim = max(max(c.mlp_dim_of(layer) for layer in every), ple)
         self.q, self.ao = _f32(_zeros(BLOCK * q_dim), keep), _f32(_zeros(BLOCK * q_dim), keep)
         self.hb, self.hb2 = _f32(_zeros(BLOCK * mlp_dim), keep), _f32(_zeros(BLOCK * mlp_dim), keep)
-        widest = max(c.dim, q_dim, mlp_dim)
+        widest = max(c.dim, q_dim, mlp_dim, c.expert_mlp_dim)  # (an expert's down_proj takes emlp)
         xq = aligned_zeros(BLOCK * widest, np.int8)
         cdef int8_t[::1] xq_view = xq
         keep.append(xq)
@@ -610,6 +658,16 @@ cdef class FastModel:
             self.ple_row = _f32(_zeros(c.n_layers * ple), keep)
         if c.v_norm:
             self.ones = _f32(np.ones(head_dim, np.float32), keep)
+        cdef int8_t[::1] taken_view = np.zeros(max(1, n_exp), np.int8)
+        if n_exp:
+            self.router_dim_scale = c.dim ** -0.5
+            self.moe_ones = _f32(np.ones(c.dim, np.float32), keep)
+            self.moe_h, self.moe_xn = _f32(_zeros(c.dim), keep), _f32(_zeros(c.dim), keep)
+            self.moe_tmp, self.moe_sum = _f32(_zeros(c.dim), keep), _f32(_zeros(c.dim), keep)
+            self.moe_probs, self.moe_weight = _f32(_zeros(n_exp), keep), _f32(_zeros(n_exp), keep)
+            self.moe_gu = _f32(_zeros(2 * c.expert_mlp_dim), keep)
+            keep.append(taken_view.base)
+            self.moe_taken = &taken_view[0]
         self.out_rows = 1 if n_slots == 1 else BLOCK  # (pages a batch never fills are never touched)
         logits = _zeros((1, c.vocab_size)) if n_slots == 1 else _filled_as_used((BLOCK, c.vocab_size))
         self.out = _f32(logits.reshape(-1), keep)
@@ -1032,8 +1090,9 @@ cdef class FastModel:
     cdef int block(self, float* x, const LayerWeights* w, Py_ssize_t layer, Py_ssize_t T) except -1 nogil:
         """One transformer layer on x (T, dim) in place:
         x += [post_attn_norm] attention(attn_norm(x)); x += [post_ffn_norm] mlp(ffn_norm(x));
-        Gemma 4: x += the per-layer input's block (per_layer_input), then x *= layer_scalar."""
-        cdef Py_ssize_t dim = self.dim
+        Gemma 4: with experts, the MLP's output is moe_post_norm_1(mlp) + experts(x), each row
+        on its own; x += the per-layer input's block (per_layer_input), then x *= layer_scalar."""
+        cdef Py_ssize_t dim = self.dim, t
         self.rmsnorm(self.xb, x, w.attn_norm, dim, T)  # (T, dim)
         self.observe_layer(layer, OP_ATTN_NORM, self.xb, dim)
         self.attention(self.xb2, self.xb, w, layer, T)  # (T, dim)
@@ -1046,6 +1105,11 @@ cdef class FastModel:
         self.rmsnorm(self.xb, x, w.ffn_norm, dim, T)  # (T, dim)
         self.observe_layer(layer, OP_FFN_NORM, self.xb, dim)
         self.mlp(self.xb2, self.xb, w, T)  # (T, dim)
+        if self.n_experts > 0:  # Gemma 4: the expert block beside the MLP, both normed, then summed
+            self.rmsnorm(self.xb2, self.xb2, w.moe_post_norm_1, dim, T)
+            for t in range(T):  # each row its own experts: one position's products (= decode, bit for bit)
+                self.experts(self.xb + t * dim, x + t * dim, w)  # (dim,) (xb is free after the MLP)
+            k_add(self.xb2, self.xb, T * dim)
         if w.post_ffn_norm != NULL:
             self.rmsnorm(self.xb2, self.xb2, w.post_ffn_norm, dim, T)
         self.observe_layer(layer, OP_MLP, self.xb2, dim)
@@ -1291,6 +1355,48 @@ cdef class FastModel:
         else:
             k_silu_mul(self.hb, self.hb, self.hb2, T * w.gate_proj.rows)
         self.matmul(out, &w.down_proj, self.hb, T)  # (T, dim)
+
+    cdef void experts(self, float* out, const float* x, const LayerWeights* w) noexcept nogil:
+        """Gemma 4's expert block on one row's residual x (dim,) -> out (dim,)
+        (reference/layers.py experts): the router's softmax over
+        router_proj (rmsnorm(x), no gain, * router_scale * dim^-0.5), an f32
+        product in both modes; the n_experts_used most probable (lower index
+        first on a tie), weights renormalized to sum 1 (summed in f32) times
+        expert_scales; each chosen expert, in expert order, on
+        rmsnorm(x, moe_pre_norm_2): out += down_e(act(gate) * up of gate_up_e) * weight;
+        out = rmsnorm(out, moe_post_norm_2). Only the chosen experts' matrices are read."""
+        cdef Py_ssize_t dim = self.dim, n = self.n_experts, emlp = self.expert_mlp_dim, i, k, e, best
+        cdef float total = 0
+        k_rmsnorm(self.moe_h, x, self.moe_ones, dim, self.norm_eps, False)
+        for i in range(dim):
+            self.moe_h[i] = self.moe_h[i] * w.router_scale[i] * self.router_dim_scale
+        k_gemm(self.moe_probs, &w.router_proj, self.moe_h, 1, self.gemm_scratch)  # (n_experts,) f32 always
+        k_softmax(self.moe_probs, n)
+        memset(self.moe_taken, 0, n)
+        for k in range(self.n_experts_used):  # highest first, the lower index on a tie (a stable argsort)
+            best = -1
+            for e in range(n):
+                if not self.moe_taken[e] and (best < 0 or self.moe_probs[e] > self.moe_probs[best]):
+                    best = e
+            self.moe_taken[best] = 1
+            total = total + self.moe_probs[best]
+        for e in range(n):
+            if self.moe_taken[e]:
+                self.moe_weight[e] = self.moe_probs[e] / total * w.expert_scales[e]
+        k_rmsnorm(self.moe_xn, x, w.moe_pre_norm_2, dim, self.norm_eps, self.one_plus)
+        memset(self.moe_sum, 0, dim * sizeof(float))
+        for e in range(n):  # in expert order, as the reference adds them
+            if not self.moe_taken[e]:
+                continue
+            self.matmul(self.moe_gu, &w.experts[2 * e], self.moe_xn, 1)  # (2 emlp,)
+            if self.gelu:
+                k_gelu_tanh_mul(self.moe_gu, self.moe_gu, self.moe_gu + emlp, emlp)
+            else:
+                k_silu_mul(self.moe_gu, self.moe_gu, self.moe_gu + emlp, emlp)
+            self.matmul(self.moe_tmp, &w.experts[2 * e + 1], self.moe_gu, 1)  # (dim,)
+            k_scale(self.moe_tmp, self.moe_weight[e], dim)
+            k_add(self.moe_sum, self.moe_tmp, dim)
+        k_rmsnorm(out, self.moe_sum, w.moe_post_norm_2, dim, self.norm_eps, self.one_plus)
 
     cdef inline void final_norm(self, float* out, const float* x) noexcept nogil:
         """RMSNorm with the final gain: (dim,) -> out (dim,)."""

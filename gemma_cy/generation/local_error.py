@@ -66,6 +66,8 @@ def teacher_forced(reference, got: dict, ids: Sequence[int]) -> dict:
             want[layer, "resid_attn", pos] = x + at(layer, "attn")
             want[layer, "ffn_norm", pos] = norm(at(layer, "resid_attn"), lw.ffn_norm)
             m = L.mlp(at(layer, "ffn_norm"), lw, c)
+            if lw.moe is not None:  # Gemma 4's expert block, on the other engine's residual
+                m = norm(m, lw.moe["moe_post_norm_1"]) + L.experts(at(layer, "resid_attn"), lw.moe, c)
             want[layer, "mlp", pos] = norm(m, lw.post_ffn_norm) if c.post_norms else m
             out = at(layer, "resid_attn") + at(layer, "mlp")
             if ple is not None:  # Gemma 4's per-layer input block, on the other engine's residual
