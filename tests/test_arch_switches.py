@@ -246,7 +246,7 @@ def test_gemma4_config_from_its_file():
     assert c.mlp_dims == (128, 128, 128, 256, 256, 256) and c.sliding_window_pattern == 3
     assert [c.kv_source(layer) for layer in range(6)] == [0, 1, 2, 1, 1, 2]
     assert [c.has_v_proj(layer) for layer in range(6)] == [True, True, False, True, True, False]
-    assert c.final_softcap == 5.0 and not c.uniform_layers
+    assert c.final_softcap == 5.0
 
 
 @pytest.mark.parametrize("drop, put, needle", [

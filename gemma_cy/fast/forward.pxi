@@ -417,12 +417,11 @@ cdef class FastModel:
     cdef float ple_proj_scale, ple_embed_scale, ple_sum_scale  # dim^-0.5, ple^0.5, 2^-0.5 as f32
     cdef bint v_norm  # v RMS-normed per head without a gain (config.v_norm)
     cdef bint layer_scalars  # each layer's output times its layer_scalar
-    cdef const float* ones  # (widest hd,) the gain of v's norm
+    cdef const float* ones  # (max(widest hd, dim),) the gain of a norm without one: v's, the router input's
     # Gemma 4's expert block (config.n_experts, n_experts_used, expert_mlp_dim; 0 = none)
     cdef readonly Py_ssize_t n_experts, n_experts_used, expert_mlp_dim
     cdef QMatrix* expert_table  # (n_layers, n_experts, 2) every layer's experts' matrices (LayerWeights.experts)
     cdef float router_dim_scale  # dim^-0.5 as f32 (the reference's)
-    cdef const float* moe_ones  # (dim,) the router's norm's gain (none: ones)
     cdef float* moe_h  # (dim,) the router's input
     cdef float* moe_probs  # (n_experts,) the router's scores, then probabilities
     cdef float* moe_weight  # (n_experts,) a chosen expert's weight (the others' unused)
@@ -656,12 +655,11 @@ cdef class FastModel:
         if ple:
             self.ple_in = _f32(_zeros(BLOCK * c.n_layers * ple), keep)
             self.ple_row = _f32(_zeros(c.n_layers * ple), keep)
-        if c.v_norm:
-            self.ones = _f32(np.ones(head_dim, np.float32), keep)
+        if c.v_norm or n_exp:  # the gain of a norm without one (v's, the router input's)
+            self.ones = _f32(np.ones(max(head_dim, c.dim), np.float32), keep)
         cdef int8_t[::1] taken_view = np.zeros(max(1, n_exp), np.int8)
         if n_exp:
             self.router_dim_scale = c.dim ** -0.5
-            self.moe_ones = _f32(np.ones(c.dim, np.float32), keep)
             self.moe_h, self.moe_xn = _f32(_zeros(c.dim), keep), _f32(_zeros(c.dim), keep)
             self.moe_tmp, self.moe_sum = _f32(_zeros(c.dim), keep), _f32(_zeros(c.dim), keep)
             self.moe_probs, self.moe_weight = _f32(_zeros(n_exp), keep), _f32(_zeros(n_exp), keep)
@@ -1367,7 +1365,7 @@ cdef class FastModel:
         out = rmsnorm(out, moe_post_norm_2). Only the chosen experts' matrices are read."""
         cdef Py_ssize_t dim = self.dim, n = self.n_experts, emlp = self.expert_mlp_dim, i, k, e, best
         cdef float total = 0
-        k_rmsnorm(self.moe_h, x, self.moe_ones, dim, self.norm_eps, False)
+        k_rmsnorm(self.moe_h, x, self.ones, dim, self.norm_eps, False)
         for i in range(dim):
             self.moe_h[i] = self.moe_h[i] * w.router_scale[i] * self.router_dim_scale
         k_gemm(self.moe_probs, &w.router_proj, self.moe_h, 1, self.gemm_scratch)  # (n_experts,) f32 always

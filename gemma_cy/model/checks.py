@@ -17,6 +17,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .observe import Observer
+from .weights import F32_PRODUCT_MATRICES
 from ..errors import NumericalError, ParameterError, TokenIndexError
 from ..quant.tensors import Q8_0_BLOCK, F32Tensor
 
@@ -46,8 +47,8 @@ def check_activation_mode(activations, config: ModelConfig, tensors: Mapping[str
                              + (f" (per-layer input width {c.per_layer_input_dim})" if c.per_layer_input_dim else ""))
     if activations == "q8" and tensors is not None:
         for name, tensor in tensors.items():
-            # (Gemma 4's expert router is an f32 product in both modes, as llama.cpp keeps it)
-            if isinstance(tensor, F32Tensor) and len(tensor.shape) == 2 and not name.endswith("router_proj"):
+            if isinstance(tensor, F32Tensor) and len(tensor.shape) == 2 \
+                    and name.rsplit(".", 1)[-1] not in F32_PRODUCT_MATRICES:
                 raise ParameterError(f"activations = 'q8' runs integer matrices; {name} is an f32 matrix "
                                      f"(run this model with activations = 'f32')")
     return activations

@@ -119,14 +119,6 @@ class ModelConfig:
         return max(l for l in range(first_shared) if self.is_local(l) == local)
 
     @property
-    def uniform_layers(self) -> bool:
-        """Every layer has the same sizes and plain attention (what the fast
-        engine runs): none of Gemma 4's per-layer switches is on."""
-        return not (self.head_dim_global or self.n_kv_heads_global or self.mlp_dims or self.kv_shared_layers
-                    or self.attn_k_eq_v or self.v_norm or self.layer_scalars or self.per_layer_input_dim
-                    or self.rope_freqs_global_only or self.n_experts)
-
-    @property
     def rotary_dims(self) -> int:
         """Dims of each head RoPE rotates: rope_dims, or head_dim when 0."""
         return self.rope_dims or self.head_dim

@@ -55,6 +55,9 @@ from ..quant.tensors import Int8Tensor
 
 LAYER_MATRICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LAYER_NORMS = ("attn_norm", "ffn_norm")
+# Matrices run as f32 products in both activation modes (docs/numerics.md#activation-modes):
+# Gemma 4's expert router, f32 in every file (llama.cpp keeps it so too).
+F32_PRODUCT_MATRICES = ("router_proj",)
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

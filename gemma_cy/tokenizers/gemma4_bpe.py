@@ -40,7 +40,7 @@ import re
 
 from ..errors import ModelFormatError
 from .bpe import check_vocab_sizes, merges_vocab_fields
-from .greedy import PieceTable, SpecialPieces, text_to_bytes
+from .greedy import PieceTable, SpecialPieces, encode_utf8_runs, text_to_bytes
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # GGUF token types
 TOKEN_TYPES = (NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE)
@@ -49,7 +49,6 @@ META_SPACE = "\u2581"
 VISIBLE_MARKERS = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
                              "<tool_response|>", '<|"|>'})
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-_INVALID_RUN = re.compile("[\udc80-\udcff]+")  # bytes that are not UTF-8, after surrogateescape
 
 
 class Gemma4Tokenizer(PieceTable):
@@ -157,22 +156,9 @@ class Gemma4Tokenizer(PieceTable):
         return (self._parsed if parse_special else self._always).split(data, self._encode_plain)
 
     def _encode_plain(self, data: bytes) -> list[int]:
-        """Ids of ``data``; bytes that are not UTF-8 become byte tokens."""
-        if not data:
-            return []
-        try:
-            return self._bpe(data.decode("utf-8"))
-        except UnicodeDecodeError:
-            pass
-        text = data.decode("utf-8", "surrogateescape")
-        ids: list[int] = []
-        done = 0
-        for m in _INVALID_RUN.finditer(text):
-            ids += self._bpe(text[done:m.start()])
-            ids += [self._byte_ids[ord(c) - 0xDC00] if self._byte_ids[ord(c) - 0xDC00] >= 0 else self.unk_id
-                    for c in m.group()]
-            done = m.end()
-        return ids + self._bpe(text[done:])
+        """Ids of ``data``; bytes that are not UTF-8 become byte tokens (the unknown id without one)."""
+        byte_ids, unk = self._byte_ids, self.unk_id
+        return encode_utf8_runs(data, self._bpe, lambda b: byte_ids[b] if byte_ids[b] >= 0 else unk)
 
     def _symbols(self, text: str) -> list[int]:
         """Step 3: each character's id, else its UTF-8 bytes' ids, else the

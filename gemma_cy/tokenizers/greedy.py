@@ -30,6 +30,32 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _LEAF: dict = {}  # shared, never mutated: the children of every trie leaf
 
 
+_INVALID_RUN = re.compile("[\udc80-\udcff]+")  # bytes that are not UTF-8, after surrogateescape
+
+
+def encode_utf8_runs(data: bytes, encode, byte_id) -> list[int]:
+    """Ids of ``data`` whose UTF-8 runs go to ``encode(str)`` and whose bytes
+    that are not UTF-8 each become ``byte_id(b)`` (the byte-fallback
+    vocabularies: SentencePiece, Gemma 4's BPE), in order."""
+    if not data:
+        return []
+    try:
+        return encode(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        pass
+    text = data.decode("utf-8", "surrogateescape")
+    ids: list[int] = []
+    done = 0
+    for m in _INVALID_RUN.finditer(text):
+        if m.start() > done:
+            ids += encode(text[done:m.start()])
+        ids += [byte_id(ord(c) - 0xDC00) for c in m.group()]
+        done = m.end()
+    if done < len(text):
+        ids += encode(text[done:])
+    return ids
+
+
 def text_to_bytes(text: str | bytes | bytearray | memoryview) -> bytes:
     """The bytes ``encode`` tokenizes (see the module docstring for ``str``)."""
     if isinstance(text, str):

@@ -45,7 +45,6 @@ decodes with a space there (as in every SentencePiece Gemma tokenizer).
 from __future__ import annotations
 
 import math
-import os
 import re
 import struct
 from collections.abc import Sequence
@@ -55,7 +54,7 @@ import numpy as np
 from ..errors import ModelFormatError
 from . import sp_cache
 from .chat import template_from_gguf
-from .greedy import PieceTable, SpecialPieces, StreamDecoder, text_to_bytes
+from .greedy import PieceTable, SpecialPieces, StreamDecoder, encode_utf8_runs, text_to_bytes
 from .sp_bpe import BPEVocab, SentencePieceBPE, build_index
 from .sp_cache import PackedPieces, VocabTables
 
@@ -72,7 +71,6 @@ TOKEN_TYPES = (TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, T
 SPACE = b" "
 META_SPACE = "\u2581".encode()  # SentencePiece's visible space
 _BYTE_PIECE = re.compile(rb"<0x([0-9A-Fa-f]{2})>")
-_INVALID_RUN = re.compile("[\udc80-\udcff]+")  # bytes that are not UTF-8, after surrogateescape
 F32_MAX = 3.4028234663852886e38
 MAX_PIECE_BYTES = 7999  # SentencePiece refuses longer pieces
 
@@ -560,23 +558,7 @@ class SentencePieceTokenizer(PieceTable):
 
     def _encode_plain(self, data: bytes) -> list[int]:
         """SentencePiece ids of ``data``; bytes that are not UTF-8 become byte pieces."""
-        if not data:
-            return []
-        try:
-            return self._bpe.encode(data.decode("utf-8"))
-        except UnicodeDecodeError:
-            pass
-        text = data.decode("utf-8", "surrogateescape")
-        ids: list[int] = []
-        done = 0
-        for m in _INVALID_RUN.finditer(text):
-            if m.start() > done:
-                ids += self._bpe.encode(text[done:m.start()])
-            ids += [self._byte_ids[ord(c) - 0xDC00] for c in m.group()]
-            done = m.end()
-        if done < len(text):
-            ids += self._bpe.encode(text[done:])
-        return ids
+        return encode_utf8_runs(data, self._bpe.encode, self._byte_ids.__getitem__)
 
 
 class SentencePieceStreamDecoder(StreamDecoder):
