@@ -635,13 +635,30 @@ cdef float k_f16_to_f32(uint16_t h) noexcept nogil:
 
 
 # Every f16 as an f32 (k_f16_to_f32 of each of the 65,536 bit patterns, 256
-# KB, filled when the module is imported). The GEMVs and the GEMM's weight
-# formation take a Q8_0 or Q5_0 block's scale from it: one load, broadcast
-# from memory, in place of a scalar load, an insert, a conversion and a
-# broadcast on the vector ports, which bind a decode step where the Q8_0
-# lm_head is half of it (docs/benchmarks.md#block-layouts-per-block-cost).
-# Only the scales in use are touched: a few KB of it stay in L1/L2.
+# KB, filled when the module is imported): where a module is built without
+# F16C (generic, neon), the GEMVs and the GEMM's weight formation take a Q8_0
+# or Q5_0 block's scale from it. Where it has F16C (avx2, avx512), one
+# vcvtph2ps does (exact, as the table: every f16 is an f32; a signalling
+# NaN comes back quiet, and the loaders refuse non-finite scales anyway):
+# a decode step streams the 178 MB Q8_0 lm_head past the table, whose lines
+# then miss in L1 and L2 on most blocks (Gemma 3's lm_head GEMV on Zen 4,
+# 15.5-17.1 ms with the table, 12.1-12.7 ms with F16C:
+# docs/benchmarks.md#history).
 cdef float F16_AS_F32[65536]
+
+cdef extern from *:
+    """
+    #if defined(__F16C__)
+    #include <immintrin.h>
+    #define GEMMA_CY_F16C 1
+    static inline float gemma_cy_cvtsh_ss(unsigned short h) { return _cvtsh_ss(h); }
+    #else
+    #define GEMMA_CY_F16C 0
+    static inline float gemma_cy_cvtsh_ss(unsigned short h) { (void) h; return 0.0f; }
+    #endif
+    """
+    const bint GEMMA_CY_F16C  # the module is built with F16C
+    float gemma_cy_cvtsh_ss(unsigned short h) nogil  # one f16 to f32 by F16C
 
 
 cdef void _fill_f16_table() noexcept nogil:
@@ -655,6 +672,8 @@ _fill_f16_table()
 
 cdef inline float _block_d(const uint8_t* block) noexcept nogil:
     """f32(d) of a Q8_0 or Q5_0 block (its f16 scale in bytes 0-1)."""
+    if GEMMA_CY_F16C:
+        return gemma_cy_cvtsh_ss(_load_u16(block))
     return F16_AS_F32[_load_u16(block)]
 
 
