@@ -58,8 +58,8 @@ PORTABLE = ("-ffp-contract=off",)
 SIMD_FLAGS: dict[str, tuple[str, ...]] = {"generic": PORTABLE}
 if MACHINE == "x86_64":
     # Every AVX2 and AVX-512 CPU has F16C (gemma_cy.fast.cpu_features checks
-    # it with the rest); the kernels take f16 block scales from a table
-    # (kernels/common.pxi), so no kernel depends on it.
+    # it with the rest); these two modules convert f16 block scales with it
+    # (kernels/common.pxi, _block_d), the others from a table.
     SIMD_FLAGS["avx2"] = ("-mavx2", "-mfma", "-mf16c")
     # VNNI (vpdpbusd) runs the q8 mode's GEMM; an AVX-512 CPU without it
     # (Skylake-SP) runs the avx2 module (gemma_cy.fast.ops.REQUIRES).

@@ -4,7 +4,7 @@ q8: every matrix input is quantized to int8 per block of 32 before the
 product, in the fast path (k_quantize_q8 + k_gemm_q8, each SIMD module this
 CPU runs) and in the reference (gemma_cy.quant.tensors.quantize_activations_q8 +
 reference.layers.Q8Matrix). The quantization and the products agree bit
-for bit (exact integer block sums, scaled and summed in f64 in one order);
+for bit (exact integer block sums, each added by one f32 FMA in one order);
 the other ops differ by f32 summation order only (docs/numerics.md#tolerances
 tolerance). Greedy decoding must agree token for token.
 
@@ -14,6 +14,8 @@ block equals decoding position by position, bit for bit.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 
 import numpy as np
@@ -30,7 +32,7 @@ from gemma_cy.quant.tensors import Q8_0Tensor, quantize_activations_q8, quantize
 from gemma_cy.generation.local_error import teacher_forced
 from gemma_cy.model.tolerance import DEFAULT, tolerance_for
 from gemma_cy.formats.gmw import read_gmw
-from gemma_cy_reference.layers import Q8Matrix
+from gemma_cy_reference.layers import Q8Matrix, fma_f32
 from gemma_cy_reference.model import ReferenceEngine
 
 from helpers import AVAILABLE, ISA, assert_same_greedy_id, assert_within, cli, kernels
@@ -54,6 +56,57 @@ def quantize_f64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         for i, v in enumerate(block):
             q[b, i] = int(np.rint(np.float64(np.float32(np.float32(v) * inv))))
     return q.reshape(-1), d
+
+
+# ---------------------------------------------------------------------------
+# The reference's FMA: the q8 products add each block's term by one f32 FMA
+
+
+def _c_fmaf():
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.fmaf.restype = ctypes.c_float
+    libm.fmaf.argtypes = [ctypes.c_float] * 3
+    return libm.fmaf
+
+
+def _assert_fmaf(a, b, c):
+    fmaf = _c_fmaf()
+    got = fma_f32(a, b, c)
+    want = np.array([fmaf(float(x), float(y), float(z)) for x, y, z in zip(a, b, c)], dtype=np.float32)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    bad = np.flatnonzero(~same)
+    assert not len(bad), f"fma_f32({a[bad[0]]!r}, {b[bad[0]]!r}, {c[bad[0]]!r}) = {got[bad[0]]!r}, fmaf {want[bad[0]]!r}"
+
+
+def test_fma_f32_is_c_fmaf_where_rounding_twice_is_wrong():
+    """a * b = 1 + 2^-11 + 2^-24, a tie between two f32 neighbours: a c of
+    +-2^-80 decides it, which a sum rounded first to f64 (2^-80 lost) and
+    then to f32 (ties to even) gets wrong half the time; also c that cancels
+    a * b, and infinities and NaN."""
+    a = np.float32(1 + 2 ** -12)
+    tiny = np.float32(2 ** -80)
+    xs = np.array([a, a, -a, -a, 3, 0, 2 ** 100, 1, np.nan], dtype=np.float32)
+    ys = np.array([a, a, a, a, np.inf, np.inf, 2 ** 100, 1, 1], dtype=np.float32)
+    zs = np.array([tiny, -tiny, tiny, -tiny, 1, 1, -1, -1, 0], dtype=np.float32)
+    _assert_fmaf(xs, ys, zs)
+    assert fma_f32(xs[:1], ys[:1], zs[:1])[0] != np.float32(np.float64(xs[0]) * ys[0] + zs[0])  # the trap is real
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1))
+def test_fma_f32_is_c_fmaf(seed):
+    """Drawn f32 triples of every magnitude (and the q8 mode's own: integer
+    sums < 2^20 times block scales, plus a sum that nearly cancels)."""
+    rng = np.random.default_rng(seed)
+    n = 300
+    a = np.concatenate([rng.integers(-2 ** 20, 2 ** 20, n).astype(np.float32),
+                        (rng.standard_normal(n) * 10.0 ** rng.integers(-37, 37, n)).astype(np.float32)])
+    b = (rng.standard_normal(2 * n) * 10.0 ** rng.integers(-37, 37, 2 * n)).astype(np.float32)
+    c = (rng.standard_normal(2 * n) * 10.0 ** rng.integers(-37, 37, 2 * n)).astype(np.float32)
+    with np.errstate(over="ignore"):  # a product past f32's range: c inf, as the FMA's would be
+        c[::3] = (-(a[::3].astype(np.float64) * b[::3]) * (1 + rng.standard_normal(len(c[::3])) * 1e-7)).astype(
+            np.float32)
+    _assert_fmaf(a, b, c)
 
 
 # ---------------------------------------------------------------------------

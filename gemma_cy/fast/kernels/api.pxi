@@ -183,24 +183,25 @@ cdef Py_ssize_t k_gemm_scratch_floats(Py_ssize_t cols, Py_ssize_t n_tokens) noex
 # d == 0 gives q = 0): x (32 * n_blocks,) -> q (32 * n_blocks,), d (n_blocks,).
 cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks) noexcept nogil
 
-# f32((sum_b f64(isum_b) * f64(xd[b])) * f64(scale)), isum_b = sum_{i<32}
-# w[32b+i] * xq[32b+i]: an int8 row with one scale (GMW1) times quantized
-# activations. Each block's integer sum is exact, its product with the
-# block's scale exact in f64, the f64 sum runs block after block and is
-# rounded once: one order in every module and in the reference
-# (reference.layers.Q8Matrix), so the q8 products agree bit for bit.
+# acc * scale, acc = fmaf(f32(isum_b), xd[b], acc) block after block from
+# 0, isum_b = sum_{i<32} w[32b+i] * xq[32b+i]: an int8 row with one scale
+# (GMW1) times quantized activations. Each block's integer sum is exact
+# (and so is its f32), each block adds one f32 FMA, block after block: one
+# order in every module and in the reference (reference.layers.Q8Matrix,
+# with an exact FMA in NumPy), so the q8 products agree bit for bit.
 cdef float k_dot_i8_q8(const int8_t* w, const int8_t* xq, const float* xd, Py_ssize_t n_blocks,
                        float scale) noexcept nogil
 
-# f32(sum_b f64(isum_b) * f64(f32(f32(d_b) * xd[b]))): one row of Q8_0
-# blocks times quantized activations (llama.cpp's vec_dot_q8_0_q8_0 with an
-# f32 activation scale, summed in f64 as k_dot_i8_q8).
+# acc = fmaf(f32(isum_b), f32(f32(d_b) * xd[b]), acc) block after block: one
+# row of Q8_0 blocks times quantized activations (llama.cpp's
+# vec_dot_q8_0_q8_0 with an f32 activation scale, in k_dot_i8_q8's order).
 cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* xd,
                          Py_ssize_t n_blocks) noexcept nogil
 
-# f32 of an affine row times quantized activations: per record, exact integer
-# sums of q * xq (and of xq, for an offset), scaled in f64 by f32(a * xd) and
-# f32(b * xd), added and subtracted in record order (kernels/common.pxi).
+# An affine row times quantized activations, in f32: per record, exact
+# integer sums of q * xq (and of xq, for an offset), then acc = fmaf(isum,
+# f32(a * xd), acc) and acc = fmaf(-qsum, f32(b * xd), acc), in record
+# order (kernels/common.pxi).
 cdef float k_dot_affine_q8(const uint8_t* rec, const int8_t* xq, const float* xd, Py_ssize_t cols,
                            Py_ssize_t sub, bint has_offset) noexcept nogil
 

@@ -139,10 +139,10 @@ cdef void _gemv_q8_0_rows(float* out, const uint8_t* blocks, const float* x,
 #
 # The q8 mode (k_dot_affine_q8, every module): per record, in order, the
 # exact integer sums isum = sum q * xq and (with an offset) qsum = sum xq over
-# its values, the activations' block scale d = xd[block]; acc (f64) +=
-# f64(isum) * f64(f32(a * d)), then acc -= f64(qsum) * f64(f32(b * d)) (each
-# product exact in f64); rounded once to f32. The reference's Q8Matrix
-# computes the same numbers in the same order.
+# its values, the activations' block scale d = xd[block]; acc (f32) =
+# fmaf(isum, f32(a * d), acc), then acc = fmaf(-qsum, f32(b * d), acc) (one
+# rounding each). The reference's Q8Matrix computes the same numbers in the
+# same order (docs/numerics.md#activation-modes).
 #
 # Summation order of a row, the Q8_0 order (see the dot_<isa>.pxi files): a
 # row is read as 32-value blocks (one record of 32, or two of 16), 8-value
@@ -257,7 +257,7 @@ cdef void k_dequantize_affine(float* out, const uint8_t* rec, Py_ssize_t cols, P
 
 cdef float k_dot_affine_q8(const uint8_t* rec, const int8_t* xq, const float* xd, Py_ssize_t cols,
                            Py_ssize_t sub, bint has_offset) noexcept nogil:
-    cdef double acc = 0
+    cdef float acc = 0
     cdef int32_t isum, qsum
     cdef float a, b, d
     cdef const int8_t* q
@@ -269,16 +269,16 @@ cdef float k_dot_affine_q8(const uint8_t* rec, const int8_t* xq, const float* xd
         isum = 0
         for i in range(sub):
             isum += q[i] * xq[c + i]
-        acc += <double> isum * <double> (a * d)
+        acc = fmaf(<float> isum, a * d, acc)
         if has_offset:
             b = _load_f32(rec + sub + 4)
             qsum = 0
             for i in range(sub):
                 qsum += xq[c + i]
-            acc -= <double> qsum * <double> (b * d)
+            acc = fmaf(<float> -qsum, b * d, acc)
         c += sub
         rec += rb
-    return <float> acc
+    return acc
 
 
 cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize_t rows, Py_ssize_t cols,

@@ -1,8 +1,8 @@
 # The q8 mode's GEMM (k_gemm_q8, prefill) with AVX2, for the avx2 module.
 # The contract and the one order of every q8 product are in api.pxi and
-# q8_x86.pxi: per block of 32 (or record of 16) an exact integer sum, its
-# product with the block's f32 scale exact in f64, the f64 sum block after
-# block, rounded once. Only the integer sums are grouped differently here
+# q8_x86.pxi: per block of 32 (or record of 16) an exact integer sum, added
+# times the block's f32 scale to the row's f32 sum by one FMA, block after
+# block. Only the integer sums are grouped differently here
 # (any grouping of exact integers gives the same integer), so the results
 # are the GEMV's (k_dot_*_q8) and the reference's Q8Matrix bit for bit.
 #
@@ -32,9 +32,9 @@
 #   overflows its int16 pair sums, and the sign trick costs a vpmaddwd too.)
 #
 # Either way a record's 16 rows end as exact int32 sums, and the scaling
-# runs in f64 on 2 x 4 lanes, one FMA per term (the product is exact in f64,
-# so the FMA is the GEMV's multiply and add): acc64 += f64(isum) * f64(f32(a
-# * xd)), then for an offset acc64 -= f64(sum xq) * f64(f32(b * xd)). After
+# runs in f32 on 4 x 4 lanes, one FMA per term, as the GEMV's fmaf: acc =
+# fma(f32(isum), f32(a * xd), acc), then for an offset acc = fma(-f32(sum
+# xq), f32(b * xd), acc) (vfnmadd: -(x y) + acc, rounded once). After
 # the levels of a block come the rows' scales as in q8_vnni.pxi (16 f32 a,
 # for records of 16 the second record's a, and with an offset the b). A
 # record of 16 is the first or second half of the block's vectors.
@@ -44,13 +44,13 @@
 # multiple of four, and the rows of a last, partial panel are copies of the
 # last row: both are computed and never stored. A uint8 panel runs two
 # positions at a time against all 16 rows (each broadcast activation dword
-# meets both vectors of rows), the 32 f64 sums of the step in a small
+# meets both vectors of rows), the 32 f32 sums of the step in a small
 # struct over the whole row; an int16 panel four positions against all 16
-# rows, the 64 f64 sums in a small array in L1.
+# rows, the 64 f32 sums in a small array in L1.
 #
-# The f64 scaling of each record's sums (two conversions and an FMA per 4
-# rows and term) and the integer products share a uint8 panel's time:
-# neither alone bounds it (docs/benchmarks.md has the figures). The int16 adds
+# The scaling of each record's sums (f64 until issue #46, now a conversion
+# and an FMA per 4 rows and term) and the integer products share a uint8
+# panel's time (docs/benchmarks.md has the figures). The int16 adds
 # of a run go through p16_add_epi16_in_order: left to itself gcc computes
 # all 32 products of a run first and spills them.
 
@@ -71,10 +71,7 @@ cdef extern from "immintrin.h" nogil:
     q8_m256i p16_unpacklo_epi64 "_mm256_unpacklo_epi64"(q8_m256i a, q8_m256i b)
     q8_m256i p16_unpackhi_epi64 "_mm256_unpackhi_epi64"(q8_m256i a, q8_m256i b)
     q8_m256i p16_permute2x128 "_mm256_permute2x128_si256"(q8_m256i a, q8_m256i b, int imm)
-    q8_m256d p16_cvtps_pd "_mm256_cvtps_pd"(q8_m128 a)
-    q8_m256d p16_fmadd_pd "_mm256_fmadd_pd"(q8_m256d a, q8_m256d b, q8_m256d c)
-    q8_m256d p16_fnmadd_pd "_mm256_fnmadd_pd"(q8_m256d a, q8_m256d b, q8_m256d c)
-    q8_m256d p16_loadu_pd "_mm256_loadu_pd"(const double* p)
+    q8_m128 p16_fnmadd_ps128 "_mm_fnmadd_ps"(q8_m128 a, q8_m128 b, q8_m128 c)
     q8_m128 p16_loadu_ps128 "_mm_loadu_ps"(const float* p)
 
 cdef extern from *:
@@ -112,7 +109,7 @@ cdef struct PanelAct:
     float xd  # the block's scale
     int32_t qsum_i[2]  # sum xq over each record of the block (one of 32, or two of 16)
     int32_t unused
-    double qsum[2]  # the same, for the offset terms
+    float qsum[2]  # the same, for the offset terms (exact)
 
 
 # How one panel is packed.
@@ -252,37 +249,37 @@ cdef void _panel_activations(PanelAct* acts, const int8_t* xq, const float* xd, 
                 blk.qsum[h] = total
 
 
-cdef inline void _term4(q8_m256d* f, q8_m128i isum, const float* a, q8_m128 xd) noexcept nogil:
-    """f += f64(isum) * f64(f32(a * xd)) for 4 rows (exact product, one rounding)."""
-    f[0] = p16_fmadd_pd(q8_cvtepi32_pd(isum), p16_cvtps_pd(q8_mul_ps128(p16_loadu_ps128(a), xd)), f[0])
+cdef inline void _term4(q8_m128* f, q8_m128i isum, const float* a, q8_m128 xd) noexcept nogil:
+    """f = fma(f32(isum), f32(a * xd), f) for 4 rows (one rounding)."""
+    f[0] = q8_fmadd_ps128(q8_cvtepi32_ps128(isum), q8_mul_ps128(p16_loadu_ps128(a), xd), f[0])
 
 
-cdef inline void _offset4(q8_m256d* f, q8_m256d qsum, const float* b, q8_m128 xd) noexcept nogil:
-    """f -= f64(qsum) * f64(f32(b * xd)) for 4 rows (exact product, one rounding)."""
-    f[0] = p16_fnmadd_pd(qsum, p16_cvtps_pd(q8_mul_ps128(p16_loadu_ps128(b), xd)), f[0])
+cdef inline void _offset4(q8_m128* f, q8_m128 qsum, const float* b, q8_m128 xd) noexcept nogil:
+    """f = fma(-qsum, f32(b * xd), f) for 4 rows (one rounding)."""
+    f[0] = p16_fnmadd_ps128(qsum, q8_mul_ps128(p16_loadu_ps128(b), xd), f[0])
 
 
-cdef inline void _add_term(double* acc, q8_m256i isum, const float* a, float xd) noexcept nogil:
-    """acc[0:8] += f64(isum) * f64(f32(a * xd)) for 8 rows (_term4 on each half)."""
+cdef inline void _add_term(float* acc, q8_m256i isum, const float* a, float xd) noexcept nogil:
+    """acc[0:8] = fma(f32(isum), f32(a * xd), acc[0:8]) for 8 rows (_term4 on each half)."""
     cdef q8_m128 xv = q8_set1_ps128(xd)
-    cdef q8_m256d f0 = p16_loadu_pd(acc), f1 = p16_loadu_pd(acc + 4)
+    cdef q8_m128 f0 = p16_loadu_ps128(acc), f1 = p16_loadu_ps128(acc + 4)
     _term4(&f0, q8_castsi256_si128(isum), a, xv)
     _term4(&f1, q8_extracti128_si256(isum, 1), a + 4, xv)
-    q8_storeu_pd(acc, f0)
-    q8_storeu_pd(acc + 4, f1)
+    q8_storeu_ps128(acc, f0)
+    q8_storeu_ps128(acc + 4, f1)
 
 
-cdef inline void _sub_offset(double* acc, const float* b, float xd, double qsum) noexcept nogil:
-    """acc[0:8] -= f64(qsum) * f64(f32(b * xd)) for 8 rows (_offset4 on each half)."""
+cdef inline void _sub_offset(float* acc, const float* b, float xd, float qsum) noexcept nogil:
+    """acc[0:8] = fma(-qsum, f32(b * xd), acc[0:8]) for 8 rows (_offset4 on each half)."""
     cdef q8_m128 xv = q8_set1_ps128(xd)
-    cdef q8_m256d q = q8_set1_pd(qsum), f0 = p16_loadu_pd(acc), f1 = p16_loadu_pd(acc + 4)
+    cdef q8_m128 q = q8_set1_ps128(qsum), f0 = p16_loadu_ps128(acc), f1 = p16_loadu_ps128(acc + 4)
     _offset4(&f0, q, b, xv)
     _offset4(&f1, q, b + 4, xv)
-    q8_storeu_pd(acc, f0)
-    q8_storeu_pd(acc + 4, f1)
+    q8_storeu_ps128(acc, f0)
+    q8_storeu_ps128(acc + 4, f1)
 
 
-cdef inline void _record_terms(double* acc, q8_m256i s0, q8_m256i s1, const float* a, const float* b,
+cdef inline void _record_terms(float* acc, q8_m256i s0, q8_m256i s1, const float* a, const float* b,
                                const PanelAct* x, Py_ssize_t h) noexcept nogil:
     """Record h's terms of one position x for the 16 rows (exact sums s0:
     rows 0-7, s1: rows 8-15) into acc[0:16], in order: a, then the offset b
@@ -299,7 +296,7 @@ cdef inline q8_m256i _bcast(const void* xq, Py_ssize_t k) noexcept nogil:
     return q8_set1_epi32((<const int32_t*> xq)[k])
 
 
-cdef inline void _record_i16(double* acc, const uint8_t* p, Py_ssize_t k0, Py_ssize_t k1, const float* a,
+cdef inline void _record_i16(float* acc, const uint8_t* p, Py_ssize_t k0, Py_ssize_t k1, const float* a,
                              const float* b, const PanelAct* x, Py_ssize_t h) noexcept nogil:
     """One record (int16 panel vectors k0 .. k1 - 1) of the 16 rows and the
     four positions x[0 .. 3]: its exact integer sums (eight named
@@ -330,7 +327,7 @@ cdef inline void _record_i16(double* acc, const uint8_t* p, Py_ssize_t k0, Py_ss
     _record_terms(acc + 48, s03, s13, a, b, x + 3, h)
 
 
-cdef inline void _block_records(double* acc, const uint8_t* p, const PanelForm* form, bint sub16, bint offset,
+cdef inline void _block_records(float* acc, const uint8_t* p, const PanelForm* form, bint sub16, bint offset,
                                 const PanelAct* x) noexcept nogil:
     """One block of an int16 panel against four positions x[0 .. 3]: its
     one record of 32 or two of 16, each record's terms in order."""
@@ -367,25 +364,25 @@ cdef inline void _u8_run(q8_m256i* s, const uint8_t* p, const int8_t* xa, const 
     s[3] = p16_add_epi32(s[3], q8_madd_epi16(h3, ones))
 
 
-cdef inline void _u8_terms(q8_m256d* f0, q8_m256d* f1, q8_m256i isum, const float* a, const float* b,
+cdef inline void _u8_terms(q8_m128* f0, q8_m128* f1, q8_m256i isum, const float* a, const float* b,
                            const PanelAct* x, Py_ssize_t h) noexcept nogil:
-    """8 rows' terms of record h for position x, into their f64 sums f0
+    """8 rows' terms of record h for position x, into their f32 sums f0
     (rows 0-3), f1 (4-7), in order: a, then the offset b (NULL: none)."""
     cdef q8_m128 xd = q8_set1_ps128(x.xd)
-    cdef q8_m256d qsum
+    cdef q8_m128 qsum
     _term4(f0, q8_castsi256_si128(isum), a, xd)
     _term4(f1, q8_extracti128_si256(isum, 1), a + 4, xd)
     if b != NULL:
-        qsum = q8_set1_pd(x.qsum[h])
+        qsum = q8_set1_ps128(x.qsum[h])
         _offset4(f0, qsum, b, xd)
         _offset4(f1, qsum, b + 4, xd)
 
 
-# The f64 sums of the 16 rows and two positions of _panel_pair_u8: rows
+# The f32 sums of the 16 rows and two positions of _panel_pair_u8: rows
 # 4 i .. 4 i + 3 of position a in a[i], of position b in b[i].
 cdef struct PairSums:
-    q8_m256d a[4]
-    q8_m256d b[4]
+    q8_m128 a[4]
+    q8_m128 b[4]
 
 
 cdef inline void _record_u8_pair(PairSums* f, const uint8_t* p, Py_ssize_t k0, Py_ssize_t k1,
@@ -394,7 +391,7 @@ cdef inline void _record_u8_pair(PairSums* f, const uint8_t* p, Py_ssize_t k0, P
     """One record (uint8 panel vectors k0 .. k1 - 1, p the block's first;
     a, b the scales and offsets of its 16 rows) and two positions xa, xb:
     the exact integer sums (runs of vpmaddubsw, minus c * sum(xq)), then
-    their terms into the rows' f64 sums f."""
+    their terms into the rows' f32 sums f."""
     cdef q8_m256i s[4]
     cdef q8_m256i ca = q8_set1_epi32(form.c * xa.qsum_i[h]), cb = q8_set1_epi32(form.c * xb.qsum_i[h])
     cdef Py_ssize_t k
@@ -421,10 +418,10 @@ cdef inline void _record_u8_pair(PairSums* f, const uint8_t* p, Py_ssize_t k0, P
 
 
 cdef void _panel_pair_u8(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelForm* form, bint sub16,
-                         bint offset, const PanelAct* x, Py_ssize_t n_pad, bint scaled, double scale) noexcept nogil:
+                         bint offset, const PanelAct* x, Py_ssize_t n_pad, bint scaled, float scale) noexcept nogil:
     """res[16 j + i] = the q8 product of panel row i (PANEL_U8) and position
-    j < 2 (x[b * n_pad + j], block b): the f64 sums over the whole row, times
-    scale when scaled (int8 rows), rounded once to f32. The scales of the
+    j < 2 (x[b * n_pad + j], block b): the f32 sums over the whole row, times
+    scale when scaled (int8 rows). The scales of the
     second group of 8 rows are 8 floats further on, like its vectors 32
     bytes."""
     cdef PairSums f
@@ -432,7 +429,7 @@ cdef void _panel_pair_u8(float* res, const uint8_t* panel, Py_ssize_t nb, const 
     cdef const float* sc
     cdef Py_ssize_t b, i
     for i in range(4):
-        f.a[i] = q8_setzero_pd()
+        f.a[i] = q8_setzero_ps128()
         f.b[i] = f.a[i]
     for b in range(nb):
         p = panel + b * form.block_bytes
@@ -445,19 +442,19 @@ cdef void _panel_pair_u8(float* res, const uint8_t* panel, Py_ssize_t nb, const 
         x += n_pad
     for i in range(4):
         if scaled:
-            f.a[i] = q8_mul_pd(f.a[i], q8_set1_pd(scale))
-            f.b[i] = q8_mul_pd(f.b[i], q8_set1_pd(scale))
-        q8_storeu_ps128(res + 4 * i, q8_cvtpd_ps(f.a[i]))
-        q8_storeu_ps128(res + 16 + 4 * i, q8_cvtpd_ps(f.b[i]))
+            f.a[i] = q8_mul_ps128(f.a[i], q8_set1_ps128(scale))
+            f.b[i] = q8_mul_ps128(f.b[i], q8_set1_ps128(scale))
+        q8_storeu_ps128(res + 4 * i, f.a[i])
+        q8_storeu_ps128(res + 16 + 4 * i, f.b[i])
 
 
 cdef void _panel_positions(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelForm* form, bint sub16,
                            bint offset, const PanelAct* acts, Py_ssize_t n_pad, bint scaled,
-                           double scale) noexcept nogil:
+                           float scale) noexcept nogil:
     """res[16 j + i] = the q8 product of panel row i (PANEL_I16) and
-    position j < 4 (acts[b * n_pad + j], block b): the f64 sum block after
-    block, times scale when scaled (int8 rows), rounded once to f32."""
-    cdef double acc[PAIR_POSITIONS * PANEL_ROWS]
+    position j < 4 (acts[b * n_pad + j], block b): the f32 sum block after
+    block, times scale when scaled (int8 rows)."""
+    cdef float acc[PAIR_POSITIONS * PANEL_ROWS]
     cdef Py_ssize_t b, j
     memset(acc, 0, sizeof(acc))
     for b in range(nb):
@@ -465,9 +462,9 @@ cdef void _panel_positions(float* res, const uint8_t* panel, Py_ssize_t nb, cons
         acts += n_pad
     for j in range(0, PAIR_POSITIONS * PANEL_ROWS, 4):
         if scaled:
-            q8_storeu_ps128(res + j, q8_cvtpd_ps(q8_mul_pd(p16_loadu_pd(acc + j), q8_set1_pd(scale))))
+            q8_storeu_ps128(res + j, q8_mul_ps128(p16_loadu_ps128(acc + j), q8_set1_ps128(scale)))
         else:
-            q8_storeu_ps128(res + j, q8_cvtpd_ps(p16_loadu_pd(acc + j)))
+            q8_storeu_ps128(res + j, p16_loadu_ps128(acc + j))
 
 
 cdef void _gemm_q8_panels(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,

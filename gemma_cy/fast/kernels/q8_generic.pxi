@@ -3,10 +3,10 @@
 # q8_x86.pxi). -O3 vectorizes the 32-value inner loops with the baseline ISA.
 #
 # Order (every module's, and the reference's): each block's integer sum is
-# exact (int32); f64(isum) * f64(scale_b) is exact in f64; the block terms
-# are added one after the other into one f64 sum, rounded once to f32.
+# exact (int32, and so in f32); one f32 FMA per block adds isum * scale_b
+# to the row's f32 sum, block after block (docs/numerics.md#activation-modes).
 
-from libc.math cimport rintf
+from libc.math cimport fmaf, rintf
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t
 
@@ -56,24 +56,24 @@ cdef inline int32_t _isum_q8(const int8_t* a, const int8_t* b) noexcept nogil:
 
 cdef float k_dot_i8_q8(const int8_t* w, const int8_t* xq, const float* xd, Py_ssize_t n_blocks,
                        float scale) noexcept nogil:
-    cdef double acc = 0
+    cdef float acc = 0
     cdef Py_ssize_t b
     for b in range(n_blocks):
-        acc += <double> _isum_q8(w + b * Q8_0_BLOCK, xq + b * Q8_0_BLOCK) * <double> xd[b]
-    return <float> (acc * <double> scale)
+        acc = fmaf(<float> _isum_q8(w + b * Q8_0_BLOCK, xq + b * Q8_0_BLOCK), xd[b], acc)
+    return acc * scale
 
 
 cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* xd,
                          Py_ssize_t n_blocks) noexcept nogil:
-    cdef double acc = 0
+    cdef float acc = 0
     cdef float s
     cdef const uint8_t* blk
     cdef Py_ssize_t b
     for b in range(n_blocks):
         blk = blocks + b * Q8_0_BYTES
         s = _block_d(blk) * xd[b]
-        acc += <double> _isum_q8(<const int8_t*> (blk + 2), xq + b * Q8_0_BLOCK) * <double> s
-    return <float> acc
+        acc = fmaf(<float> _isum_q8(<const int8_t*> (blk + 2), xq + b * Q8_0_BLOCK), s, acc)
+    return acc
 
 
 cdef void _dot_rows_q8(float* out, const QMatrix* w, Py_ssize_t row, Py_ssize_t n_rows,

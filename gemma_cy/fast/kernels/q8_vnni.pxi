@@ -2,8 +2,8 @@
 # module (built with -mavx512vnni; gemma_cy.fast.ops runs it only on a CPU
 # that has VNNI). The contract and the one order of every q8 product are in
 # api.pxi and q8_x86.pxi: per block of 32 (or record of 16) an exact integer
-# sum, its product with the block's f32 scale exact in f64, the f64 sum block
-# after block, rounded once. Only the integer sums are grouped differently
+# sum, added times the block's f32 scale to the row's f32 sum by one FMA,
+# block after block. Only the integer sums are grouped differently
 # here (any grouping of exact integers gives the same integer), so the
 # results are the GEMV's (k_dot_*_q8) and the reference's Q8Matrix bit for
 # bit.
@@ -20,10 +20,11 @@
 # accumulates every row's 4 products of dword k at once, and after the 8 (or
 # 4) of a record acc holds the 16 rows' sums of (q + 128) * xq. Starting acc
 # at -128 * sum(xq) of the record (kept with the activations) leaves the exact
-# sum q * xq: |partial sums| < 2^21. The scaling then runs in f64 on 2 x 8
-# lanes, one FMA per term (the product is exact in f64, so the FMA is the
-# GEMV's multiply and add): acc64 += f64(isum) * f64(f32(a * xd)), then for
-# an offset acc64 -= f64(sum xq) * f64(f32(b * xd)).
+# sum q * xq: |partial sums| < 2^21. The scaling then runs in f32 on the 16
+# lanes, one FMA per term, as the GEMV's fmaf: acc = fma(f32(isum),
+# f32(a * xd), acc), then for an offset acc = fma(-f32(sum xq), f32(b * xd),
+# acc) (vfnmadd: -(x y) + acc, rounded once). It was f64 until issue #46:
+# half this GEMM's instructions (docs/benchmarks.md#history).
 #
 # The activations are laid out once per call as PanelBlocks (below): block
 # b of position t at b * n_pad + t, so the four positions that share each
@@ -68,6 +69,7 @@ cdef extern from "immintrin.h" nogil:
                              long long e2, long long e1, long long e0)
     __m512i _mm512_xor_si512(__m512i a, __m512i b)
     __m512d _mm512_cvtepi32_pd(__m256i a)
+    __m512 _mm512_fnmadd_ps(__m512 a, __m512 b, __m512 c)
     __m512d _mm512_cvtps_pd(__m256 a)
     __m256 _mm512_castps512_ps256(__m512 a)
     __m512 _mm512_shuffle_f32x4(__m512 a, __m512 b, int imm)
@@ -99,7 +101,7 @@ cdef struct PanelBlock:
     int8_t xq[32]
     float xd  # the block's scale
     int32_t bias[2]  # -128 * sum xq over each record of the block (one of 32, or two of 16)
-    double qsum[2]  # sum xq over the same records (the offset terms)
+    float qsum[2]  # sum xq over the same records (the offset terms; exact)
 
 
 cdef Py_ssize_t _gemm_q8_scratch_bytes(Py_ssize_t cols, Py_ssize_t n_tokens) noexcept nogil:
@@ -184,49 +186,41 @@ cdef inline __m256 _upper8(__m512 v) noexcept nogil:
     return _mm512_castps512_ps256(_mm512_shuffle_f32x4(v, v, 0xEE))
 
 
-cdef inline void _add_term(__m512d* lo, __m512d* hi, __m512i isum, __m512 a, float xd) noexcept nogil:
-    """acc += f64(isum) * f64(f32(a * xd)), 16 rows in two f64 halves (the
-    product is exact: the FMA rounds once, as the GEMV's add)."""
-    cdef __m512 s = _mm512_mul_ps(a, _mm512_set1_ps(xd))
-    lo[0] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(isum)),
-                            _mm512_cvtps_pd(_mm512_castps512_ps256(s)), lo[0])
-    hi[0] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(isum, 1)), _mm512_cvtps_pd(_upper8(s)),
-                            hi[0])
+cdef inline void _add_term(__m512* acc, __m512i isum, __m512 a, float xd) noexcept nogil:
+    """acc = fma(f32(isum), f32(a * xd), acc), 16 rows (one rounding each)."""
+    acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(a, _mm512_set1_ps(xd)), acc[0])
 
 
-cdef inline void _sub_offset(__m512d* lo, __m512d* hi, __m512 b, float xd, double qsum) noexcept nogil:
-    """acc -= f64(qsum) * f64(f32(b * xd)) (exact product, one rounding)."""
-    cdef __m512 s = _mm512_mul_ps(b, _mm512_set1_ps(xd))
-    cdef __m512d q = _mm512_set1_pd(qsum)
-    lo[0] = _mm512_fnmadd_pd(q, _mm512_cvtps_pd(_mm512_castps512_ps256(s)), lo[0])
-    hi[0] = _mm512_fnmadd_pd(q, _mm512_cvtps_pd(_upper8(s)), hi[0])
+cdef inline void _sub_offset(__m512* acc, __m512 b, float xd, float qsum) noexcept nogil:
+    """acc = fma(-qsum, f32(b * xd), acc), 16 rows (one rounding each)."""
+    acc[0] = _mm512_fnmadd_ps(_mm512_set1_ps(qsum), _mm512_mul_ps(b, _mm512_set1_ps(xd)), acc[0])
 
 
-cdef inline void _position_block(__m512d* lo, __m512d* hi, const __m512i* wv, __m512 a0, __m512 a1, __m512 b0,
+cdef inline void _position_block(__m512* acc, const __m512i* wv, __m512 a0, __m512 a1, __m512 b0,
                                  __m512 b1, bint sub16, bint offset, const PanelBlock* x) noexcept nogil:
     """One position's terms of one block for the panel's 16 rows, in order:
     record 0 (a0, b0), then for records of 16 record 1 (a1, b1)."""
     if sub16:
-        _add_term(lo, hi, _isum(wv, 4, x.xq, x.bias[0]), a0, x.xd)
+        _add_term(acc, _isum(wv, 4, x.xq, x.bias[0]), a0, x.xd)
         if offset:
-            _sub_offset(lo, hi, b0, x.xd, x.qsum[0])
-        _add_term(lo, hi, _isum(wv + 4, 4, x.xq + 16, x.bias[1]), a1, x.xd)
+            _sub_offset(acc, b0, x.xd, x.qsum[0])
+        _add_term(acc, _isum(wv + 4, 4, x.xq + 16, x.bias[1]), a1, x.xd)
         if offset:
-            _sub_offset(lo, hi, b1, x.xd, x.qsum[1])
+            _sub_offset(acc, b1, x.xd, x.qsum[1])
     else:
-        _add_term(lo, hi, _isum(wv, 8, x.xq, x.bias[0]), a0, x.xd)
+        _add_term(acc, _isum(wv, 8, x.xq, x.bias[0]), a0, x.xd)
         if offset:
-            _sub_offset(lo, hi, b0, x.xd, x.qsum[0])
+            _sub_offset(acc, b0, x.xd, x.qsum[0])
 
 
 cdef void _panel_positions(float* res, const uint8_t* panel, Py_ssize_t nb, Py_ssize_t block_bytes,
                            bint sub16, bint offset, const PanelBlock* acts, Py_ssize_t n_pad, bint scaled,
-                           double scale) noexcept nogil:
+                           float scale) noexcept nogil:
     """res[16 j + i] = the q8 product of panel row i and position j < 4
-    (acts[b * n_pad + j], block b): the f64 sum block after block, times
-    scale when scaled (int8 rows), rounded once to f32. The four positions'
-    sums are eight named registers (an array here would live in memory)."""
-    cdef __m512d f0 = _mm512_setzero_pd(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0
+    (acts[b * n_pad + j], block b): the f32 sum block after block, times
+    scale when scaled (int8 rows). The four positions' sums are four named
+    registers (an array here would live in memory)."""
+    cdef __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0
     cdef __m512i wv[8]
     cdef __m512 a0, a1 = _mm512_setzero_ps(), b0 = a1, b1 = a1
     cdef Py_ssize_t b, k
@@ -243,28 +237,20 @@ cdef void _panel_positions(float* res, const uint8_t* panel, Py_ssize_t nb, Py_s
                 b1 = _mm512_loadu_ps(p + PANEL_LEVEL_BYTES + 192)
         elif offset:
             b0 = _mm512_loadu_ps(p + PANEL_LEVEL_BYTES + 64)
-        _position_block(&f0, &f1, wv, a0, a1, b0, b1, sub16, offset, acts)
-        _position_block(&f2, &f3, wv, a0, a1, b0, b1, sub16, offset, acts + 1)
-        _position_block(&f4, &f5, wv, a0, a1, b0, b1, sub16, offset, acts + 2)
-        _position_block(&f6, &f7, wv, a0, a1, b0, b1, sub16, offset, acts + 3)
+        _position_block(&f0, wv, a0, a1, b0, b1, sub16, offset, acts)
+        _position_block(&f1, wv, a0, a1, b0, b1, sub16, offset, acts + 1)
+        _position_block(&f2, wv, a0, a1, b0, b1, sub16, offset, acts + 2)
+        _position_block(&f3, wv, a0, a1, b0, b1, sub16, offset, acts + 3)
         acts += n_pad
     if scaled:
-        f0 = _mm512_mul_pd(f0, _mm512_set1_pd(scale))
-        f1 = _mm512_mul_pd(f1, _mm512_set1_pd(scale))
-        f2 = _mm512_mul_pd(f2, _mm512_set1_pd(scale))
-        f3 = _mm512_mul_pd(f3, _mm512_set1_pd(scale))
-        f4 = _mm512_mul_pd(f4, _mm512_set1_pd(scale))
-        f5 = _mm512_mul_pd(f5, _mm512_set1_pd(scale))
-        f6 = _mm512_mul_pd(f6, _mm512_set1_pd(scale))
-        f7 = _mm512_mul_pd(f7, _mm512_set1_pd(scale))
-    _mm256_storeu_ps(res, _mm512_cvtpd_ps(f0))
-    _mm256_storeu_ps(res + 8, _mm512_cvtpd_ps(f1))
-    _mm256_storeu_ps(res + 16, _mm512_cvtpd_ps(f2))
-    _mm256_storeu_ps(res + 24, _mm512_cvtpd_ps(f3))
-    _mm256_storeu_ps(res + 32, _mm512_cvtpd_ps(f4))
-    _mm256_storeu_ps(res + 40, _mm512_cvtpd_ps(f5))
-    _mm256_storeu_ps(res + 48, _mm512_cvtpd_ps(f6))
-    _mm256_storeu_ps(res + 56, _mm512_cvtpd_ps(f7))
+        f0 = _mm512_mul_ps(f0, _mm512_set1_ps(scale))
+        f1 = _mm512_mul_ps(f1, _mm512_set1_ps(scale))
+        f2 = _mm512_mul_ps(f2, _mm512_set1_ps(scale))
+        f3 = _mm512_mul_ps(f3, _mm512_set1_ps(scale))
+    _mm512_storeu_ps(res, f0)
+    _mm512_storeu_ps(res + 16, f1)
+    _mm512_storeu_ps(res + 32, f2)
+    _mm512_storeu_ps(res + 48, f3)
 
 
 cdef void _gemm_q8_panels(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,

@@ -26,9 +26,8 @@
 #
 # The scaling is the GEMV's (q8_x86.pxi, _row_sum_q8 and _scale_q8_0): per
 # block s = f32(f32(d) * xd) (vmulps is the C float product), then
-# acc += f64(isum) * f64(s) in f64 block after block, rounded once to f32
-# at the end. The product has 20 + 24 significant bits, exact in f64, so
-# the FMA rounds once, as the GEMV's add does: every (row, position) result
+# acc = fma(f32(isum), s, acc) in f32 block after block (the integer is
+# exact in f32; vfmadd rounds once, as fmaf): every (row, position) result
 # is k_dot_q8_0_q8's bits.
 
 cdef extern from *:
@@ -58,6 +57,9 @@ cdef extern from "immintrin.h" nogil:
     __m256 qp_loadu_ps_256 "_mm256_loadu_ps"(const float* p)
     __m256 qp_mul_ps_256 "_mm256_mul_ps"(__m256 a, __m256 b)
     __m256 qp_set1_ps_256 "_mm256_set1_ps"(float a)
+    __m256 qp_setzero_ps_256 "_mm256_setzero_ps"()
+    __m256 qp_cvtepi32_ps_256 "_mm256_cvtepi32_ps"(__m256i a)
+    __m256 qp_fmadd_ps_256 "_mm256_fmadd_ps"(__m256 a, __m256 b, __m256 c)
 
 
 cdef enum:
@@ -95,13 +97,12 @@ cdef void _position_lanes(uint8_t* acts, const int8_t* xq, const float* xd, Py_s
             levels[k * lanes + n_lanes] = 0x01010101u
 
 
-cdef inline void _term8(__m512d* acc, __m256i isum, __m256 xd, const uint8_t* block,
+cdef inline void _term8(__m256* acc, __m256i isum, __m256 xd, const uint8_t* block,
                        __m256i phantom) noexcept nogil:
-    """acc += f64(isum - 128 * isum[phantom]) * f64(f32(f32(d) * xd)) on 8
-    lanes: one block's terms (exact integer, exact product, one rounding)."""
+    """acc = fma(f32(isum - 128 * isum[phantom]), f32(f32(d) * xd), acc) on 8
+    lanes: one block's terms (exact integer, one rounding)."""
     isum = qp_sub_epi32_256(isum, qp_slli_epi32_256(qp_permutevar8x32(isum, phantom), 7))
-    acc[0] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(isum),
-                             _mm512_cvtps_pd(qp_mul_ps_256(xd, qp_set1_ps_256(_block_d(block)))), acc[0])
+    acc[0] = qp_fmadd_ps_256(qp_cvtepi32_ps_256(isum), qp_mul_ps_256(xd, qp_set1_ps_256(_block_d(block))), acc[0])
 
 
 cdef void _rows_positions8(float* res, const uint8_t* r0, const uint8_t* r1, const uint8_t* r2,
@@ -110,7 +111,7 @@ cdef void _rows_positions8(float* res, const uint8_t* r0, const uint8_t* r1, con
     position p, for the 8 lanes of acts (_position_lanes with lanes = 8;
     phantom: its lane in every lane). Four rows share each activation load:
     the loads, not the products, bound one row at a time."""
-    cdef __m512d f0 = _mm512_setzero_pd(), f1 = f0, f2 = f0, f3 = f0
+    cdef __m256 f0 = qp_setzero_ps_256(), f1 = f0, f2 = f0, f3 = f0
     cdef __m256i s0, s1, s2, s3, x
     cdef __m256 xd
     cdef const uint8_t* p
@@ -134,28 +135,25 @@ cdef void _rows_positions8(float* res, const uint8_t* r0, const uint8_t* r1, con
         _term8(&f1, s1, xd, r1 + o - 2, phantom)
         _term8(&f2, s2, xd, r2 + o - 2, phantom)
         _term8(&f3, s3, xd, r3 + o - 2, phantom)
-    _mm256_storeu_ps(res, _mm512_cvtpd_ps(f0))
-    _mm256_storeu_ps(res + 8, _mm512_cvtpd_ps(f1))
-    _mm256_storeu_ps(res + 16, _mm512_cvtpd_ps(f2))
-    _mm256_storeu_ps(res + 24, _mm512_cvtpd_ps(f3))
+    _mm256_storeu_ps(res, f0)
+    _mm256_storeu_ps(res + 8, f1)
+    _mm256_storeu_ps(res + 16, f2)
+    _mm256_storeu_ps(res + 24, f3)
 
 
-cdef inline void _term16(__m512d* lo, __m512d* hi, __m512i isum, __m512 xd, const uint8_t* block,
+cdef inline void _term16(__m512* acc, __m512i isum, __m512 xd, const uint8_t* block,
                          __m512i phantom) noexcept nogil:
-    """_term8 on 16 lanes, in two f64 halves."""
+    """_term8 on 16 lanes."""
     cdef __m512 s = _mm512_mul_ps(xd, _mm512_set1_ps(_block_d(block)))
     isum = qp_sub_epi32(isum, qp_slli_epi32(qp_permutexvar_epi32(phantom, isum), 7))
-    lo[0] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(isum)),
-                            _mm512_cvtps_pd(_mm512_castps512_ps256(s)), lo[0])
-    hi[0] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(isum, 1)), _mm512_cvtps_pd(_upper8(s)),
-                            hi[0])
+    acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[0])
 
 
 cdef void _rows_positions16(float* res, const uint8_t* r0, const uint8_t* r1, const uint8_t* acts,
                             Py_ssize_t nb, __m512i phantom) noexcept nogil:
     """_rows_positions8 on 16 lanes (_position_lanes with lanes = 16) for
     two rows: res[16 i + p]."""
-    cdef __m512d f0 = _mm512_setzero_pd(), f1 = f0, f2 = f0, f3 = f0
+    cdef __m512 f0 = _mm512_setzero_ps(), f1 = f0
     cdef __m512i s0, s1, x
     cdef __m512 xd
     cdef const uint8_t* p
@@ -171,12 +169,10 @@ cdef void _rows_positions16(float* res, const uint8_t* r0, const uint8_t* r1, co
             s0 = gcy_dpbusd_bcst(s0, x, r0 + o + 4 * k)
             s1 = gcy_dpbusd_bcst(s1, x, r1 + o + 4 * k)
         xd = _mm512_loadu_ps(p + POSITION_DWORDS * 64)
-        _term16(&f0, &f1, s0, xd, r0 + o - 2, phantom)
-        _term16(&f2, &f3, s1, xd, r1 + o - 2, phantom)
-    _mm256_storeu_ps(res, _mm512_cvtpd_ps(f0))
-    _mm256_storeu_ps(res + 8, _mm512_cvtpd_ps(f1))
-    _mm256_storeu_ps(res + 16, _mm512_cvtpd_ps(f2))
-    _mm256_storeu_ps(res + 24, _mm512_cvtpd_ps(f3))
+        _term16(&f0, s0, xd, r0 + o - 2, phantom)
+        _term16(&f1, s1, xd, r1 + o - 2, phantom)
+    _mm512_storeu_ps(res, f0)
+    _mm512_storeu_ps(res + 16, f1)
 
 
 cdef inline void _prefetch_l2(const uint8_t* at, Py_ssize_t n_bytes) noexcept nogil:

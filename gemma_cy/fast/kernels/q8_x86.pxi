@@ -8,10 +8,10 @@
 # with ones 8 int32 lane sums. Several positions (prefill): rows run four
 # at a time, each activation block loaded once for the four; the four rows'
 # lanes are summed (exact integers) by hadds into one int32 per row,
-# converted to f64 and multiplied by the block's scale (exact in f64: 20 +
-# 24 bits), and added to the row's f64 sum, block after block: the one
-# order every module and the reference use, so q8 products agree bit for
-# bit (api.pxi). One position (decode, k_dot_*_q8): one row at a time, its
+# converted to f32 (exact: |isum| < 2^20), and added times the block's
+# scale to the row's f32 sum by one FMA, block after block: the one order
+# every module and the reference use, so q8 products agree bit for bit
+# (api.pxi). One position (decode, k_dot_*_q8): one row at a time, its
 # blocks reduced four at a time by the same hadds and their terms added in
 # block order (rows streamed from DRAM four at once ran at ~4.6 GB/s: Gemma
 # 3 decoded 15-16 tok/s in q8 mode against 25-28 row by row). Affine
@@ -22,7 +22,7 @@
 # The intrinsics are declared under q8_ names (C names in quotes) so that
 # this file can sit next to either module's own declarations.
 
-from libc.math cimport INFINITY
+from libc.math cimport INFINITY, fmaf
 from libc.stdint cimport int32_t
 
 cdef extern from "immintrin.h" nogil:
@@ -34,19 +34,14 @@ cdef extern from "immintrin.h" nogil:
         pass
     ctypedef struct q8_m128i "__m128i":
         pass
-    ctypedef struct q8_m256d "__m256d":
-        pass
     q8_m256i q8_hadd_epi32 "_mm256_hadd_epi32"(q8_m256i a, q8_m256i b)
     q8_m128i q8_castsi256_si128 "_mm256_castsi256_si128"(q8_m256i a)
     q8_m128i q8_extracti128_si256 "_mm256_extracti128_si256"(q8_m256i a, int imm)
     q8_m128i q8_add_epi32_128 "_mm_add_epi32"(q8_m128i a, q8_m128i b)
-    q8_m256d q8_cvtepi32_pd "_mm256_cvtepi32_pd"(q8_m128i a)
-    q8_m256d q8_setzero_pd "_mm256_setzero_pd"()
-    q8_m256d q8_set1_pd "_mm256_set1_pd"(double a)
-    q8_m256d q8_setr_pd "_mm256_setr_pd"(double a0, double a1, double a2, double a3)
-    q8_m256d q8_add_pd "_mm256_add_pd"(q8_m256d a, q8_m256d b)
-    q8_m256d q8_mul_pd "_mm256_mul_pd"(q8_m256d a, q8_m256d b)
-    q8_m128 q8_cvtpd_ps "_mm256_cvtpd_ps"(q8_m256d a)
+    q8_m128 q8_cvtepi32_ps128 "_mm_cvtepi32_ps"(q8_m128i a)
+    q8_m128 q8_setzero_ps128 "_mm_setzero_ps"()
+    q8_m128 q8_setr_ps128 "_mm_setr_ps"(float a0, float a1, float a2, float a3)
+    q8_m128 q8_fmadd_ps128 "_mm_fmadd_ps"(q8_m128 a, q8_m128 b, q8_m128 c)
     q8_m256 q8_hadd_ps "_mm256_hadd_ps"(q8_m256 a, q8_m256 b)
     q8_m128 q8_castps256_ps128 "_mm256_castps256_ps128"(q8_m256 a)
     q8_m128 q8_extractf128_ps "_mm256_extractf128_ps"(q8_m256 a, int imm)
@@ -77,7 +72,6 @@ cdef extern from "immintrin.h" nogil:
     q8_m256 q8_add_ps "_mm256_add_ps"(q8_m256 a, q8_m256 b)
     q8_m256 q8_fmadd_ps "_mm256_fmadd_ps"(q8_m256 a, q8_m256 b, q8_m256 c)
     void q8_storeu_ps "_mm256_storeu_ps"(float* p, q8_m256 a)
-    void q8_storeu_pd "_mm256_storeu_pd"(double* p, q8_m256d a)
     q8_m128i q8_loadu_si128 "_mm_loadu_si128"(const void* p)
     q8_m256i q8_castsi128_si256 "_mm256_castsi128_si256"(q8_m128i a)
     q8_m256i q8_inserti128_si256 "_mm256_inserti128_si256"(q8_m256i a, q8_m128i b, int imm)
@@ -137,28 +131,29 @@ cdef inline q8_m256i _isum8_q8(const int8_t* w, q8_m256i xv, q8_m256i ones) noex
     return q8_madd_epi16(q8_maddubs_epi16(q8_sign_epi8(wv, wv), q8_sign_epi8(xv, wv)), ones)
 
 
-cdef inline q8_m256d _isum_rows4(q8_m256i v0, q8_m256i v1, q8_m256i v2, q8_m256i v3) noexcept nogil:
+cdef inline q8_m128 _isum_rows4(q8_m256i v0, q8_m256i v1, q8_m256i v2, q8_m256i v3) noexcept nogil:
     """The four rows' block sums (exact int32: the lane order does not
-    matter), as four f64 lanes."""
+    matter), as four f32 lanes (exact: |sum| < 2^24)."""
     cdef q8_m256i h = q8_hadd_epi32(q8_hadd_epi32(v0, v1), q8_hadd_epi32(v2, v3))
-    return q8_cvtepi32_pd(q8_add_epi32_128(q8_castsi256_si128(h), q8_extracti128_si256(h, 1)))
+    return q8_cvtepi32_ps128(q8_add_epi32_128(q8_castsi256_si128(h), q8_extracti128_si256(h, 1)))
 
 
 cdef inline q8_m128 _dot4_i8_q8(const int8_t* w0, const int8_t* w1, const int8_t* w2, const int8_t* w3,
                                 const int8_t* xq, const float* xd, Py_ssize_t n_blocks, float scale) noexcept nogil:
-    """f32((sum_b f64(isum_b) * f64(xd[b])) * f64(scale)) of four int8 rows
-    with the same quantized activations: each activation block loaded once
-    for the four rows, the rows' f64 sums in the four lanes of one register."""
+    """(acc = fma(f32(isum_b), xd[b], acc), block after block) * scale of
+    four int8 rows with the same quantized activations: each activation
+    block loaded once for the four rows, the rows' f32 sums in the four
+    lanes of one register."""
     cdef q8_m256i ones = q8_set1_epi16(1), xv
-    cdef q8_m256d acc = q8_setzero_pd()
+    cdef q8_m128 acc = q8_setzero_ps128()
     cdef Py_ssize_t b, o
     for b in range(n_blocks):
         o = b * Q8_0_BLOCK
         xv = q8_loadu_si256(<const q8_m256i*> (xq + o))
-        acc = q8_add_pd(acc, q8_mul_pd(_isum_rows4(_isum8_q8(w0 + o, xv, ones), _isum8_q8(w1 + o, xv, ones),
-                                                   _isum8_q8(w2 + o, xv, ones), _isum8_q8(w3 + o, xv, ones)),
-                                       q8_set1_pd(xd[b])))
-    return q8_cvtpd_ps(q8_mul_pd(acc, q8_set1_pd(scale)))
+        acc = q8_fmadd_ps128(_isum_rows4(_isum8_q8(w0 + o, xv, ones), _isum8_q8(w1 + o, xv, ones),
+                                         _isum8_q8(w2 + o, xv, ones), _isum8_q8(w3 + o, xv, ones)),
+                             q8_set1_ps128(xd[b]), acc)
+    return q8_mul_ps128(acc, q8_set1_ps128(scale))
 
 
 cdef inline float _scale_q8_0(const uint8_t* block, float xd) noexcept nogil:
@@ -168,37 +163,37 @@ cdef inline float _scale_q8_0(const uint8_t* block, float xd) noexcept nogil:
 
 cdef inline q8_m128 _dot4_q8_0_q8(const uint8_t* b0, const uint8_t* b1, const uint8_t* b2, const uint8_t* b3,
                                   const int8_t* xq, const float* xd, Py_ssize_t n_blocks) noexcept nogil:
-    """f32(sum_b f64(isum_b) * f64(f32(f32(d_b) * xd[b]))) of four Q8_0 rows
-    with the same quantized activations (as _dot4_i8_q8)."""
+    """acc = fma(f32(isum_b), f32(f32(d_b) * xd[b]), acc), block after block,
+    of four Q8_0 rows with the same quantized activations (as _dot4_i8_q8)."""
     cdef q8_m256i ones = q8_set1_epi16(1), xv
-    cdef q8_m256d acc = q8_setzero_pd()
+    cdef q8_m128 acc = q8_setzero_ps128()
     cdef float x_scale
     cdef Py_ssize_t b, o
     for b in range(n_blocks):
         xv = q8_loadu_si256(<const q8_m256i*> (xq + b * Q8_0_BLOCK))
         x_scale = xd[b]
         o = b * Q8_0_BYTES
-        acc = q8_add_pd(acc, q8_mul_pd(
+        acc = q8_fmadd_ps128(
             _isum_rows4(_isum8_q8(<const int8_t*> (b0 + o + 2), xv, ones),
                         _isum8_q8(<const int8_t*> (b1 + o + 2), xv, ones),
                         _isum8_q8(<const int8_t*> (b2 + o + 2), xv, ones),
                         _isum8_q8(<const int8_t*> (b3 + o + 2), xv, ones)),
-            q8_setr_pd(_scale_q8_0(b0 + o, x_scale), _scale_q8_0(b1 + o, x_scale),
-                       _scale_q8_0(b2 + o, x_scale), _scale_q8_0(b3 + o, x_scale))))
-    return q8_cvtpd_ps(acc)
+            q8_setr_ps128(_scale_q8_0(b0 + o, x_scale), _scale_q8_0(b1 + o, x_scale),
+                          _scale_q8_0(b2 + o, x_scale), _scale_q8_0(b3 + o, x_scale)), acc)
+    return acc
 
 
-cdef inline double _add_blocks4(double acc, q8_m256d isums, q8_m256d scales) noexcept nogil:
-    """acc + t0 + t1 + t2 + t3, added one after the other, t = isums * scales
-    (four consecutive blocks' terms, each exact in f64)."""
-    cdef double t[4]
-    q8_storeu_pd(t, q8_mul_pd(isums, scales))
-    return (((acc + t[0]) + t[1]) + t[2]) + t[3]
+cdef inline float _add_blocks4(float acc, q8_m128 isums, const float* s) noexcept nogil:
+    """Four consecutive blocks' terms added one after the other, each by one
+    FMA: acc = fma(isum_k, s[k], acc), k = 0..3."""
+    cdef float t[4]
+    q8_storeu_ps128(t, isums)
+    return fmaf(t[3], s[3], fmaf(t[2], s[2], fmaf(t[1], s[1], fmaf(t[0], s[0], acc))))
 
 
-cdef inline double _row_sum_q8(const uint8_t* w, bint q8_0_blocks, const int8_t* xq, const float* xd,
+cdef inline float _row_sum_q8(const uint8_t* w, bint q8_0_blocks, const int8_t* xq, const float* xd,
                                Py_ssize_t n_blocks) noexcept nogil:
-    """sum_b f64(isum_b) * f64(s_b) over one row, block after block in f64.
+    """acc = fma(f32(isum_b), s_b, acc) over one row, block after block, in f32.
     q8_0_blocks: w is Q8_0 blocks and s_b = f32(f32(d_b) * xd[b]); else w is
     int8 runs of 32 and s_b = xd[b] (the tensor's scale comes after).
     Four blocks at a time: their integer sums reduced together (_isum_rows4),
@@ -206,10 +201,10 @@ cdef inline double _row_sum_q8(const uint8_t* w, bint q8_0_blocks, const int8_t*
     cdef Py_ssize_t stride = Q8_0_BYTES if q8_0_blocks else Q8_0_BLOCK
     cdef Py_ssize_t at = 2 if q8_0_blocks else 0  # the int8 values' offset in a block
     cdef q8_m256i ones = q8_set1_epi16(1), x0, x1, x2, x3
-    cdef q8_m256d scales
-    cdef double acc = 0
-    cdef double t[4]
-    cdef Py_ssize_t b = 0
+    cdef float scales[4]
+    cdef float acc = 0
+    cdef float t[4]
+    cdef Py_ssize_t b = 0, k
     cdef const uint8_t* blk
     while b + 4 <= n_blocks:
         blk = w + b * stride
@@ -217,11 +212,8 @@ cdef inline double _row_sum_q8(const uint8_t* w, bint q8_0_blocks, const int8_t*
         x1 = q8_loadu_si256(<const q8_m256i*> (xq + (b + 1) * Q8_0_BLOCK))
         x2 = q8_loadu_si256(<const q8_m256i*> (xq + (b + 2) * Q8_0_BLOCK))
         x3 = q8_loadu_si256(<const q8_m256i*> (xq + (b + 3) * Q8_0_BLOCK))
-        if q8_0_blocks:
-            scales = q8_setr_pd(_scale_q8_0(blk, xd[b]), _scale_q8_0(blk + stride, xd[b + 1]),
-                                _scale_q8_0(blk + 2 * stride, xd[b + 2]), _scale_q8_0(blk + 3 * stride, xd[b + 3]))
-        else:
-            scales = q8_setr_pd(xd[b], xd[b + 1], xd[b + 2], xd[b + 3])
+        for k in range(4):
+            scales[k] = _scale_q8_0(blk + k * stride, xd[b + k]) if q8_0_blocks else xd[b + k]
         acc = _add_blocks4(acc, _isum_rows4(_isum8_q8(<const int8_t*> (blk + at), x0, ones),
                                             _isum8_q8(<const int8_t*> (blk + stride + at), x1, ones),
                                             _isum8_q8(<const int8_t*> (blk + 2 * stride + at), x2, ones),
@@ -231,20 +223,20 @@ cdef inline double _row_sum_q8(const uint8_t* w, bint q8_0_blocks, const int8_t*
     while b < n_blocks:  # the last < 4 blocks, one at a time
         blk = w + b * stride
         x1 = _isum8_q8(<const int8_t*> (blk + at), q8_loadu_si256(<const q8_m256i*> (xq + b * Q8_0_BLOCK)), ones)
-        q8_storeu_pd(t, _isum_rows4(x1, x1, x1, x1))
-        acc = acc + t[0] * <double> (_scale_q8_0(blk, xd[b]) if q8_0_blocks else xd[b])
+        q8_storeu_ps128(t, _isum_rows4(x1, x1, x1, x1))
+        acc = fmaf(t[0], _scale_q8_0(blk, xd[b]) if q8_0_blocks else xd[b], acc)
         b += 1
     return acc
 
 
 cdef float k_dot_i8_q8(const int8_t* w, const int8_t* xq, const float* xd, Py_ssize_t n_blocks,
                        float scale) noexcept nogil:
-    return <float> (_row_sum_q8(<const uint8_t*> w, False, xq, xd, n_blocks) * <double> scale)
+    return _row_sum_q8(<const uint8_t*> w, False, xq, xd, n_blocks) * scale
 
 
 cdef float k_dot_q8_0_q8(const uint8_t* blocks, const int8_t* xq, const float* xd,
                          Py_ssize_t n_blocks) noexcept nogil:
-    return <float> _row_sum_q8(blocks, True, xq, xd, n_blocks)
+    return _row_sum_q8(blocks, True, xq, xd, n_blocks)
 
 
 cdef inline int32_t _hsum_epi32(q8_m256i v) noexcept nogil:
@@ -259,11 +251,11 @@ cdef float _dot_affine32_q8(const uint8_t* rec, const int8_t* xq, const float* x
                             bint has_offset) noexcept nogil:
     """k_dot_affine_q8 for records of 32 values (Q4_1, Q5_1, Q4_K, Q5_K):
     each record's exact integer sums by maddubs/madd, two records' sums (and
-    sums of xq) reduced together (_isum_rows4), then the f64 terms in the
+    sums of xq) reduced together (_isum_rows4), then the f32 FMAs in the
     portable loop's order (kernels/common.pxi), so the same number."""
     cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1), x0, x1, i0, i1
-    cdef double acc = 0
-    cdef double t[4]
+    cdef float acc = 0
+    cdef float t[4]
     cdef float d0, d1
     cdef Py_ssize_t rb = 32 + 4 + (4 if has_offset else 0), b = 0, nb = cols // 32
     while b + 2 <= nb:
@@ -273,27 +265,27 @@ cdef float _dot_affine32_q8(const uint8_t* rec, const int8_t* xq, const float* x
         d1 = xd[b + 1]
         i0 = _isum8_q8(<const int8_t*> rec, x0, ones)
         i1 = _isum8_q8(<const int8_t*> (rec + rb), x1, ones)
-        if has_offset:  # terms: isum0 a0 d0, qsum0 b0 d0, isum1 a1 d1, qsum1 b1 d1 (each exact)
-            q8_storeu_pd(t, q8_mul_pd(
-                _isum_rows4(i0, q8_madd_epi16(q8_maddubs_epi16(unit, x0), ones),
-                            i1, q8_madd_epi16(q8_maddubs_epi16(unit, x1), ones)),
-                q8_setr_pd(_load_f32(rec + 32) * d0, _load_f32(rec + 36) * d0,
-                           _load_f32(rec + rb + 32) * d1, _load_f32(rec + rb + 36) * d1)))
-            acc = (((acc + t[0]) - t[1]) + t[2]) - t[3]
+        if has_offset:  # terms: isum0 a0 d0, -qsum0 b0 d0, isum1 a1 d1, -qsum1 b1 d1
+            q8_storeu_ps128(t, _isum_rows4(i0, q8_madd_epi16(q8_maddubs_epi16(unit, x0), ones),
+                                           i1, q8_madd_epi16(q8_maddubs_epi16(unit, x1), ones)))
+            acc = fmaf(t[0], _load_f32(rec + 32) * d0, acc)
+            acc = fmaf(-t[1], _load_f32(rec + 36) * d0, acc)
+            acc = fmaf(t[2], _load_f32(rec + rb + 32) * d1, acc)
+            acc = fmaf(-t[3], _load_f32(rec + rb + 36) * d1, acc)
         else:
-            q8_storeu_pd(t, q8_mul_pd(_isum_rows4(i0, i1, i0, i1),
-                                      q8_setr_pd(_load_f32(rec + 32) * d0, _load_f32(rec + rb + 32) * d1, 0, 0)))
-            acc = (acc + t[0]) + t[1]
+            q8_storeu_ps128(t, _isum_rows4(i0, i1, i0, i1))
+            acc = fmaf(t[0], _load_f32(rec + 32) * d0, acc)
+            acc = fmaf(t[1], _load_f32(rec + rb + 32) * d1, acc)
         rec += 2 * rb
         b += 2
     if b < nb:  # an odd last record
         x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
         d0 = xd[b]
-        acc += <double> _hsum_epi32(_isum8_q8(<const int8_t*> rec, x0, ones)) * <double> (_load_f32(rec + 32) * d0)
+        acc = fmaf(<float> _hsum_epi32(_isum8_q8(<const int8_t*> rec, x0, ones)), _load_f32(rec + 32) * d0, acc)
         if has_offset:
-            acc -= <double> _hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(unit, x0), ones)) * <double> (
-                _load_f32(rec + 36) * d0)
-    return <float> acc
+            acc = fmaf(<float> -_hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(unit, x0), ones)),
+                       _load_f32(rec + 36) * d0, acc)
+    return acc
 
 
 cdef enum:
@@ -301,17 +293,17 @@ cdef enum:
 
 
 cdef void _dot2_affine32_q8(float* out, const uint8_t* rec0, const uint8_t* rec1, const int8_t* xq,
-                            const float* xd, const double* qsum, Py_ssize_t cols, bint has_offset) noexcept nogil:
+                            const float* xd, const float* qsum, Py_ssize_t cols, bint has_offset) noexcept nogil:
     """out[0:2] = _dot_affine32_q8 of the rows of records rec0 and rec1, bit
     for bit: each pair of activation blocks loaded once for both rows, the
     four records' integer sums reduced together (_isum_rows4), the sums of
     xq per block (``qsum``, exact) worked out once per call of
-    _gemv_affine32_q8, not once per row; each row's f64 terms in its own
-    order, the two chains side by side (one row's chain of dependent adds
+    _gemv_affine32_q8, not once per row; each row's f32 FMAs in its own
+    order, the two chains side by side (one row's chain of dependent FMAs
     bound the single-row kernel)."""
     cdef q8_m256i ones = q8_set1_epi16(1), x0, x1
-    cdef double acc0 = 0, acc1 = 0
-    cdef double t[4]
+    cdef float acc0 = 0, acc1 = 0
+    cdef float t[4]
     cdef float d0, d1
     cdef Py_ssize_t rb = 32 + 4 + (4 if has_offset else 0), b = 0, nb = cols // 32
     while b + 2 <= nb:
@@ -319,35 +311,33 @@ cdef void _dot2_affine32_q8(float* out, const uint8_t* rec0, const uint8_t* rec1
         x1 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b + 32))
         d0 = xd[b]
         d1 = xd[b + 1]
-        q8_storeu_pd(t, _isum_rows4(_isum8_q8(<const int8_t*> rec0, x0, ones),
-                                    _isum8_q8(<const int8_t*> (rec0 + rb), x1, ones),
-                                    _isum8_q8(<const int8_t*> rec1, x0, ones),
-                                    _isum8_q8(<const int8_t*> (rec1 + rb), x1, ones)))
-        if has_offset:  # _dot_affine32_q8's terms: isum0 a0 d0, qsum0 b0 d0, isum1 a1 d1, qsum1 b1 d1
-            acc0 = (((acc0 + t[0] * <double> (_load_f32(rec0 + 32) * d0))
-                     - qsum[b] * <double> (_load_f32(rec0 + 36) * d0))
-                    + t[1] * <double> (_load_f32(rec0 + rb + 32) * d1)) \
-                - qsum[b + 1] * <double> (_load_f32(rec0 + rb + 36) * d1)
-            acc1 = (((acc1 + t[2] * <double> (_load_f32(rec1 + 32) * d0))
-                     - qsum[b] * <double> (_load_f32(rec1 + 36) * d0))
-                    + t[3] * <double> (_load_f32(rec1 + rb + 32) * d1)) \
-                - qsum[b + 1] * <double> (_load_f32(rec1 + rb + 36) * d1)
-        else:
-            acc0 = (acc0 + t[0] * <double> (_load_f32(rec0 + 32) * d0)) + t[1] * <double> (_load_f32(rec0 + rb + 32) * d1)
-            acc1 = (acc1 + t[2] * <double> (_load_f32(rec1 + 32) * d0)) + t[3] * <double> (_load_f32(rec1 + rb + 32) * d1)
+        q8_storeu_ps128(t, _isum_rows4(_isum8_q8(<const int8_t*> rec0, x0, ones),
+                                       _isum8_q8(<const int8_t*> (rec0 + rb), x1, ones),
+                                       _isum8_q8(<const int8_t*> rec1, x0, ones),
+                                       _isum8_q8(<const int8_t*> (rec1 + rb), x1, ones)))
+        acc0 = fmaf(t[0], _load_f32(rec0 + 32) * d0, acc0)
+        acc1 = fmaf(t[2], _load_f32(rec1 + 32) * d0, acc1)
+        if has_offset:  # _dot_affine32_q8's terms: isum0 a0 d0, -qsum0 b0 d0, isum1 a1 d1, -qsum1 b1 d1
+            acc0 = fmaf(-qsum[b], _load_f32(rec0 + 36) * d0, acc0)
+            acc1 = fmaf(-qsum[b], _load_f32(rec1 + 36) * d0, acc1)
+        acc0 = fmaf(t[1], _load_f32(rec0 + rb + 32) * d1, acc0)
+        acc1 = fmaf(t[3], _load_f32(rec1 + rb + 32) * d1, acc1)
+        if has_offset:
+            acc0 = fmaf(-qsum[b + 1], _load_f32(rec0 + rb + 36) * d1, acc0)
+            acc1 = fmaf(-qsum[b + 1], _load_f32(rec1 + rb + 36) * d1, acc1)
         rec0 += 2 * rb
         rec1 += 2 * rb
         b += 2
     if b < nb:  # an odd last record
         x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
         d0 = xd[b]
-        acc0 += <double> _hsum_epi32(_isum8_q8(<const int8_t*> rec0, x0, ones)) * <double> (_load_f32(rec0 + 32) * d0)
-        acc1 += <double> _hsum_epi32(_isum8_q8(<const int8_t*> rec1, x0, ones)) * <double> (_load_f32(rec1 + 32) * d0)
+        acc0 = fmaf(<float> _hsum_epi32(_isum8_q8(<const int8_t*> rec0, x0, ones)), _load_f32(rec0 + 32) * d0, acc0)
+        acc1 = fmaf(<float> _hsum_epi32(_isum8_q8(<const int8_t*> rec1, x0, ones)), _load_f32(rec1 + 32) * d0, acc1)
         if has_offset:
-            acc0 -= qsum[b] * <double> (_load_f32(rec0 + 36) * d0)
-            acc1 -= qsum[b] * <double> (_load_f32(rec1 + 36) * d0)
-    out[0] = <float> acc0
-    out[1] = <float> acc1
+            acc0 = fmaf(-qsum[b], _load_f32(rec0 + 36) * d0, acc0)
+            acc1 = fmaf(-qsum[b], _load_f32(rec1 + 36) * d0, acc1)
+    out[0] = acc0
+    out[1] = acc1
 
 
 cdef bint _gemv_affine32_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd) noexcept nogil:
@@ -356,12 +346,12 @@ cdef bint _gemv_affine32_q8(float* out, const QMatrix* w, const int8_t* xq, cons
     _dot_affine32_q8, prefetching ahead. False (nothing written) for rows
     longer than QSUM_BLOCKS blocks."""
     cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1)
-    cdef double qsum[QSUM_BLOCKS]
+    cdef float qsum[QSUM_BLOCKS]
     cdef Py_ssize_t nb = w.cols // 32, b, r = 0, row_bytes = _affine_row_bytes(w)
     if nb > QSUM_BLOCKS:
         return False
     for b in range(nb):  # sum xq over each block: exact integers
-        qsum[b] = <double> _hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(
+        qsum[b] = <float> _hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(
             unit, q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))), ones))
     while r + 2 <= w.rows:
         if not w.resident:
@@ -387,15 +377,15 @@ cdef inline q8_m256i _isum_u8_q8(q8_m256i levels, q8_m256i xv, q8_m256i ones) no
 
 
 cdef void _dot2_q4_1_q8(float* out, const uint8_t* row0, const uint8_t* row1, const int8_t* xq,
-                        const float* xd, const double* qsum, Py_ssize_t n_blocks) noexcept nogil:
+                        const float* xd, const float* qsum, Py_ssize_t n_blocks) noexcept nogil:
     """out[0:2] = _dot2_affine32_q8 of the records of the Q4_1 rows row0 and
     row1, bit for bit, straight from the blocks: the levels unpacked in
     registers (unsigned, so maddubs takes them as they are: the same exact
     sums), a = f32(d) and b = -f32(m) read from each block's f16 (the
-    records' f32, so the same f64 terms in the same order)."""
+    records' f32, so the same f32 FMAs in the same order)."""
     cdef q8_m256i ones = q8_set1_epi16(1), m15 = q8_set1_epi8(15), x0, x1
-    cdef double acc0 = 0, acc1 = 0
-    cdef double t[4]
+    cdef float acc0 = 0, acc1 = 0
+    cdef float t[4]
     cdef float d0, d1
     cdef Py_ssize_t b = 0
     cdef const uint8_t* c0
@@ -407,28 +397,26 @@ cdef void _dot2_q4_1_q8(float* out, const uint8_t* row0, const uint8_t* row1, co
         d1 = xd[b + 1]
         c0 = row0 + b * Q4_1_BYTES
         c1 = row1 + b * Q4_1_BYTES
-        q8_storeu_pd(t, _isum_rows4(_isum_u8_q8(_q4_1_levels_q8(c0, m15), x0, ones),
-                                    _isum_u8_q8(_q4_1_levels_q8(c0 + Q4_1_BYTES, m15), x1, ones),
-                                    _isum_u8_q8(_q4_1_levels_q8(c1, m15), x0, ones),
-                                    _isum_u8_q8(_q4_1_levels_q8(c1 + Q4_1_BYTES, m15), x1, ones)))
-        acc0 = (((acc0 + t[0] * <double> (_block_d(c0) * d0)) - qsum[b] * <double> (-_block_d(c0 + 2) * d0))
-                + t[1] * <double> (_block_d(c0 + Q4_1_BYTES) * d1)) \
-            - qsum[b + 1] * <double> (-_block_d(c0 + Q4_1_BYTES + 2) * d1)
-        acc1 = (((acc1 + t[2] * <double> (_block_d(c1) * d0)) - qsum[b] * <double> (-_block_d(c1 + 2) * d0))
-                + t[3] * <double> (_block_d(c1 + Q4_1_BYTES) * d1)) \
-            - qsum[b + 1] * <double> (-_block_d(c1 + Q4_1_BYTES + 2) * d1)
+        q8_storeu_ps128(t, _isum_rows4(_isum_u8_q8(_q4_1_levels_q8(c0, m15), x0, ones),
+                                       _isum_u8_q8(_q4_1_levels_q8(c0 + Q4_1_BYTES, m15), x1, ones),
+                                       _isum_u8_q8(_q4_1_levels_q8(c1, m15), x0, ones),
+                                       _isum_u8_q8(_q4_1_levels_q8(c1 + Q4_1_BYTES, m15), x1, ones)))
+        acc0 = fmaf(-qsum[b], -_block_d(c0 + 2) * d0, fmaf(t[0], _block_d(c0) * d0, acc0))
+        acc1 = fmaf(-qsum[b], -_block_d(c1 + 2) * d0, fmaf(t[2], _block_d(c1) * d0, acc1))
+        acc0 = fmaf(-qsum[b + 1], -_block_d(c0 + Q4_1_BYTES + 2) * d1, fmaf(t[1], _block_d(c0 + Q4_1_BYTES) * d1, acc0))
+        acc1 = fmaf(-qsum[b + 1], -_block_d(c1 + Q4_1_BYTES + 2) * d1, fmaf(t[3], _block_d(c1 + Q4_1_BYTES) * d1, acc1))
         b += 2
     if b < n_blocks:  # an odd last block
         x0 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))
         d0 = xd[b]
         c0 = row0 + b * Q4_1_BYTES
         c1 = row1 + b * Q4_1_BYTES
-        acc0 += <double> _hsum_epi32(_isum_u8_q8(_q4_1_levels_q8(c0, m15), x0, ones)) * <double> (_block_d(c0) * d0)
-        acc1 += <double> _hsum_epi32(_isum_u8_q8(_q4_1_levels_q8(c1, m15), x0, ones)) * <double> (_block_d(c1) * d0)
-        acc0 -= qsum[b] * <double> (-_block_d(c0 + 2) * d0)
-        acc1 -= qsum[b] * <double> (-_block_d(c1 + 2) * d0)
-    out[0] = <float> acc0
-    out[1] = <float> acc1
+        acc0 = fmaf(<float> _hsum_epi32(_isum_u8_q8(_q4_1_levels_q8(c0, m15), x0, ones)), _block_d(c0) * d0, acc0)
+        acc1 = fmaf(<float> _hsum_epi32(_isum_u8_q8(_q4_1_levels_q8(c1, m15), x0, ones)), _block_d(c1) * d0, acc1)
+        acc0 = fmaf(-qsum[b], -_block_d(c0 + 2) * d0, acc0)
+        acc1 = fmaf(-qsum[b], -_block_d(c1 + 2) * d0, acc1)
+    out[0] = acc0
+    out[1] = acc1
 
 
 cdef inline bint _q8_gemv_takes_q4_1() noexcept nogil:
@@ -442,13 +430,13 @@ cdef bint _gemv_q4_1_q8(float* out, const QMatrix* w, const int8_t* xq, const fl
     _gemv_affine32_q8's bits. False (nothing written) for rows longer than
     QSUM_BLOCKS blocks."""
     cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1)
-    cdef double qsum[QSUM_BLOCKS]
+    cdef float qsum[QSUM_BLOCKS]
     cdef float pair[2]
     cdef Py_ssize_t nb = w.cols // 32, b, r = 0, row_bytes = nb * Q4_1_BYTES
     if nb > QSUM_BLOCKS:
         return False
     for b in range(nb):  # sum xq over each block: exact integers
-        qsum[b] = <double> _hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(
+        qsum[b] = <float> _hsum_epi32(q8_madd_epi16(q8_maddubs_epi16(
             unit, q8_loadu_si256(<const q8_m256i*> (xq + 32 * b))), ones))
     while r + 2 <= w.rows:
         if not w.resident:
@@ -475,10 +463,10 @@ cdef float _dot_affine16_q8(const uint8_t* rec, const int8_t* xq, const float* x
     """k_dot_affine_q8 for records of 16 values (Q6_K, Q2_K, Q3_K): the two
     records of each block of 32 activations side by side in one register,
     their exact integer sums (and, with an offset, sum xq over each) by
-    maddubs/madd, then the f64 terms in the portable loop's order
+    maddubs/madd, then the f32 FMAs in the portable loop's order
     (kernels/common.pxi), so the same number."""
     cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1), xv, wv, isums, qsums
-    cdef double acc = 0
+    cdef float acc = 0
     cdef int32_t isum[8]
     cdef int32_t qsum[8]
     cdef float d
@@ -489,16 +477,16 @@ cdef float _dot_affine16_q8(const uint8_t* rec, const int8_t* xq, const float* x
         isums = _record_pair_sums(q8_maddubs_epi16(q8_sign_epi8(wv, wv), q8_sign_epi8(xv, wv)), ones)
         q8_storeu_si256(<q8_m256i*> isum, isums)
         d = xd[b]
-        acc += <double> isum[0] * <double> (_load_f32(rec + 16) * d)
+        acc = fmaf(<float> isum[0], _load_f32(rec + 16) * d, acc)
         if has_offset:
             qsums = _record_pair_sums(q8_maddubs_epi16(unit, xv), ones)
             q8_storeu_si256(<q8_m256i*> qsum, qsums)
-            acc -= <double> qsum[0] * <double> (_load_f32(rec + 20) * d)
-        acc += <double> isum[4] * <double> (_load_f32(rec + rb + 16) * d)
+            acc = fmaf(<float> -qsum[0], _load_f32(rec + 20) * d, acc)
+        acc = fmaf(<float> isum[4], _load_f32(rec + rb + 16) * d, acc)
         if has_offset:
-            acc -= <double> qsum[4] * <double> (_load_f32(rec + rb + 20) * d)
+            acc = fmaf(<float> -qsum[4], _load_f32(rec + rb + 20) * d, acc)
         rec += 2 * rb
-    return <float> acc
+    return acc
 
 
 cdef float _dot_q4_k_q8(const uint8_t* row, const float* ab, const int8_t* xq, const float* xd,
@@ -506,13 +494,12 @@ cdef float _dot_q4_k_q8(const uint8_t* row, const float* ab, const int8_t* xq, c
     """k_dot_affine_q8 of a Q4_K row read as stored: sub-blocks 2 j and
     2 j + 1 are the low and high nibbles of the same 32 bytes, their a and b
     the row's ab[4 j .. 4 j + 3] (the records _gemm_converted would make,
-    so the same terms in the same order). The levels are 0..15, so maddubs
+    so the same FMAs in the same order). The levels are 0..15, so maddubs
     takes them as they are, unsigned; the pair's two integer sums and two
     sums of xq are reduced together (_isum_rows4)."""
     cdef q8_m256i ones = q8_set1_epi16(1), unit = q8_set1_epi8(1), m15 = q8_set1_epi8(15), x0, x1, y
-    cdef q8_m256d terms
-    cdef double acc = 0
-    cdef double t[4]
+    cdef float acc = 0
+    cdef float t[4]
     cdef float d0, d1
     cdef Py_ssize_t b
     for b in range(0, cols // 32, 2):
@@ -521,15 +508,16 @@ cdef float _dot_q4_k_q8(const uint8_t* row, const float* ab, const int8_t* xq, c
         x1 = q8_loadu_si256(<const q8_m256i*> (xq + 32 * b + 32))
         d0 = xd[b]
         d1 = xd[b + 1]
-        terms = q8_mul_pd(_isum_rows4(q8_madd_epi16(q8_maddubs_epi16(q8_and_si256(y, m15), x0), ones),
-                                      q8_madd_epi16(q8_maddubs_epi16(unit, x0), ones),
-                                      q8_madd_epi16(q8_maddubs_epi16(q8_and_si256(q8_srli_epi16(y, 4), m15), x1),
-                                                    ones),
-                                      q8_madd_epi16(q8_maddubs_epi16(unit, x1), ones)),
-                          q8_setr_pd(ab[2 * b] * d0, ab[2 * b + 1] * d0, ab[2 * b + 2] * d1, ab[2 * b + 3] * d1))
-        q8_storeu_pd(t, terms)  # each an exact product: isum a d, qsum b d of the two sub-blocks
-        acc = (((acc + t[0]) - t[1]) + t[2]) - t[3]
-    return <float> acc
+        q8_storeu_ps128(t, _isum_rows4(q8_madd_epi16(q8_maddubs_epi16(q8_and_si256(y, m15), x0), ones),
+                                       q8_madd_epi16(q8_maddubs_epi16(unit, x0), ones),
+                                       q8_madd_epi16(q8_maddubs_epi16(q8_and_si256(q8_srli_epi16(y, 4), m15), x1),
+                                                     ones),
+                                       q8_madd_epi16(q8_maddubs_epi16(unit, x1), ones)))
+        acc = fmaf(t[0], ab[2 * b] * d0, acc)  # isum a d, then -qsum b d, of each sub-block
+        acc = fmaf(-t[1], ab[2 * b + 1] * d0, acc)
+        acc = fmaf(t[2], ab[2 * b + 2] * d1, acc)
+        acc = fmaf(-t[3], ab[2 * b + 3] * d1, acc)
+    return acc
 
 
 cdef void _gemv_q4_k_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd) noexcept nogil:
