@@ -567,6 +567,23 @@ def test_convert_mixed_source(tmp_path):
             np.testing.assert_array_equal(t.blocks, quantize_q8_0(values))
 
 
+def test_q8_0_conversion_is_made_once_and_replaces_a_reinstalled_files(tmp_path, monkeypatch):
+    """The benchmarks' Q8_0 baseline: converted once per source file (its
+    name, size and mtime), found again after that, and a source with a new
+    mtime (a reinstalled package) leaves one conversion, not one per install."""
+    from gemma_cy.commands import default_model
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src, _ = mixed_source(tmp_path)
+    first = default_model.q8_0_conversion(src)
+    assert parse_gguf(first).value("general.file_type") == 7
+    assert default_model.q8_0_conversion(src) == first  # made once
+    os.utime(src, (1_700_000_000, 1_700_000_000))  # the package reinstalled
+    second = default_model.q8_0_conversion(src)
+    assert second != first and os.path.isfile(second) and not os.path.exists(first)
+    assert sorted(p.name for p in (tmp_path / "cache" / "gemma-cy").iterdir()) == [os.path.basename(second)]
+
+
 def test_convert_to_f16_keeps_every_value_as_f16_rounds_it(tmp_path):
     src, sources = mixed_source(tmp_path)
     out = str(tmp_path / "f16.gguf")

@@ -25,11 +25,18 @@ def q8_0_conversion(source: str) -> str:
     from .convert import convert
 
     info = os.stat(source)
-    target = cache_dir() / f"{Path(source).stem}.{info.st_size}.{int(info.st_mtime)}.q8_0.gguf"
+    stem = Path(source).stem
+    target = cache_dir() / f"{stem}.{info.st_size}.{int(info.st_mtime)}.q8_0.gguf"
     if not target.is_file():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             convert(source, target)
         except OSError as e:
             raise GemmaCyError(f"cannot convert {source} into {target.parent}: {e.strerror or e}") from None
+        # A reinstalled package gives its file a new mtime, so a new name: the
+        # conversions of the file it replaced are never read again (~145 MB
+        # each for SmolLM2), and go.
+        for stale in target.parent.glob(f"{stem}.*.q8_0.gguf"):
+            if stale != target:
+                stale.unlink(missing_ok=True)
     return str(target)
