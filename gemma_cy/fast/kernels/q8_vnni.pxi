@@ -52,8 +52,6 @@ cdef extern from "immintrin.h" nogil:
         pass
     ctypedef struct __m256:
         pass
-    ctypedef struct __m512d:
-        pass
     __m512i _mm512_loadu_si512(const void* p)
     void _mm512_storeu_si512(void* p, __m512i a)
     __m512i _mm512_castsi256_si512(__m256i a)
@@ -68,17 +66,7 @@ cdef extern from "immintrin.h" nogil:
     __m512i _mm512_set_epi64(long long e7, long long e6, long long e5, long long e4, long long e3,
                              long long e2, long long e1, long long e0)
     __m512i _mm512_xor_si512(__m512i a, __m512i b)
-    __m512d _mm512_cvtepi32_pd(__m256i a)
     __m512 _mm512_fnmadd_ps(__m512 a, __m512 b, __m512 c)
-    __m512d _mm512_cvtps_pd(__m256 a)
-    __m256 _mm512_castps512_ps256(__m512 a)
-    __m512 _mm512_shuffle_f32x4(__m512 a, __m512 b, int imm)
-    __m512d _mm512_setzero_pd()
-    __m512d _mm512_set1_pd(double a)
-    __m512d _mm512_mul_pd(__m512d a, __m512d b)
-    __m512d _mm512_fmadd_pd(__m512d a, __m512d b, __m512d c)
-    __m512d _mm512_fnmadd_pd(__m512d a, __m512d b, __m512d c)
-    __m256 _mm512_cvtpd_ps(__m512d a)
     void _mm256_storeu_ps(float* p, __m256 a)
     __m256i _mm256_loadu_si256(const __m256i* p)
     __m256i _mm256_set1_epi8(char a)
@@ -180,10 +168,6 @@ cdef inline __m512i _isum(const __m512i* w, Py_ssize_t n, const int8_t* x, int32
     for k in range(n):
         acc = gcy_dpbusd_bcst(acc, w[k], x + 4 * k)
     return acc
-
-
-cdef inline __m256 _upper8(__m512 v) noexcept nogil:
-    return _mm512_castps512_ps256(_mm512_shuffle_f32x4(v, v, 0xEE))
 
 
 cdef inline void _add_term(__m512* acc, __m512i isum, __m512 a, float xd) noexcept nogil:
