@@ -641,9 +641,8 @@ cdef float k_f16_to_f32(uint16_t h) noexcept nogil:
 # vcvtph2ps does (exact, as the table: every f16 is an f32; a signalling
 # NaN comes back quiet, and the loaders refuse non-finite scales anyway):
 # a decode step streams the 178 MB Q8_0 lm_head past the table, whose lines
-# then miss in L1 and L2 on most blocks (Gemma 3's lm_head GEMV on Zen 4,
-# 15.5-17.1 ms with the table, 12.1-12.7 ms with F16C:
-# docs/benchmarks.md#history).
+# then miss in L1 and L2 on most blocks (the A/B:
+# docs/benchmarks.md#what-was-tried).
 cdef float F16_AS_F32[65536]
 
 cdef extern from *:

@@ -48,9 +48,9 @@
 # struct over the whole row; an int16 panel four positions against all 16
 # rows, the 64 f32 sums in a small array in L1.
 #
-# The scaling of each record's sums (f64 until issue #46, now a conversion
-# and an FMA per 4 rows and term) and the integer products share a uint8
-# panel's time (docs/benchmarks.md has the figures). The int16 adds
+# The scaling of each record's sums (a conversion and an FMA per 4 rows and
+# term) and the integer products share a uint8 panel's time
+# (docs/benchmarks.md has the figures). The int16 adds
 # of a run go through p16_add_epi16_in_order: left to itself gcc computes
 # all 32 products of a run first and spills them.
 

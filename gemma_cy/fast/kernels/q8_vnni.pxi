@@ -23,8 +23,7 @@
 # sum q * xq: |partial sums| < 2^21. The scaling then runs in f32 on the 16
 # lanes, one FMA per term, as the GEMV's fmaf: acc = fma(f32(isum),
 # f32(a * xd), acc), then for an offset acc = fma(-f32(sum xq), f32(b * xd),
-# acc) (vfnmadd: -(x y) + acc, rounded once). It was f64 until issue #46:
-# half this GEMM's instructions (docs/benchmarks.md#history).
+# acc) (vfnmadd: -(x y) + acc, rounded once): docs/numerics.md#activation-modes.
 #
 # The activations are laid out once per call as PanelBlocks (below): block
 # b of position t at b * n_pad + t, so the four positions that share each
