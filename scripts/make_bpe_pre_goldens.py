@@ -81,11 +81,12 @@ def pipelines() -> dict:
     smollm = pt.Sequence([pt.Digits(individual_digits=True), byte_level])
     return {
         "gpt-2": (None, byte_level, False),
+        "mpt": (normalizers.NFC(), byte_level, False),
         "smollm": (None, smollm, False),
         "command-r": (normalizers.NFC(), smollm, False),
         "llama-bpe": (None, pt.Sequence([split(LLAMA3), bytes_only]), True),
         "qwen2": (normalizers.NFC(), pt.Sequence([split(QWEN2), bytes_only]), False),
-        "qwen35": (normalizers.NFC(), pt.Sequence([split(QWEN35), bytes_only]), False),
+        "qwen35": (None, pt.Sequence([split(QWEN35), bytes_only]), False),
         "deepseek-llm": (normalizers.Sequence([]), pt.Sequence([
             split("[\r\n]"), split(f"\\s?[{deepseek_letters()}]+"),
             split("\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"), split("\\s+$"), split(CJK),

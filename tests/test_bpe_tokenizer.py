@@ -154,14 +154,33 @@ def test_any_bytes_round_trip(tok, data):
     (lambda t, ty, m: (t, ty, m + ["Ġ t"]), "repeats merge 0"),
     (lambda t, ty, m: (t, ty, m + ["Ġt"]), "two tokens"),
     (lambda t, ty, m: (t, ty[:-1], m), "token types"),
-    (lambda t, ty, m: (t[:5] + ["a b"] + t[6:], ty, m), "byte-level alphabet"),
     (lambda t, ty, m: (t[:5] + [""] + t[6:], ty, m), "empty"),
-    (lambda t, ty, m: (t, ty[:5] + [4] + ty[6:], m), "type 4 is not supported"),
+    (lambda t, ty, m: (t, ty[:5] + [6] + ty[6:], m), "type 6 is not supported"),
+    (lambda t, ty, m: (t, ty[:5] + [True] + ty[6:], m), "type True is not supported"),
     (lambda t, ty, m: ([], [], []), "vocab_size is 0"),
 ])
 def test_bad_vocab_rejected(change, needle):
     with pytest.raises(ModelFormatError, match=needle):
         make(*change(*bpe_hand_vocab()))
+
+
+def test_token_outside_the_byte_alphabet_decodes_to_its_text():
+    """A token written outside GPT-2's byte alphabet (Command-R's U+200D, a
+    USER_DEFINED token with spaces) decodes to its own UTF-8, as HF's
+    ByteLevel decoder does, and merges never reach it."""
+    t, ty, m = bpe_hand_vocab()
+    tok = make(t[:5] + ["a \u200d"] + t[6:], ty, m)
+    assert tok.decode([5]) == "a \u200d" and 5 not in tok.encode("a \u200d")
+
+
+def test_user_defined_token_is_matched_whole_in_any_text():
+    t, ty, m = bpe_hand_vocab()
+    tok = make(t + ["<tool>"], ty + [4], m)
+    tool = len(t)
+    for parse_special in (False, True):
+        ids = tok.encode("x <tool> y", parse_special=parse_special)
+        assert ids.count(tool) == 1 and tok.decode(ids) == "x <tool> y"
+    assert not tok.is_control(tool) and "<tool>" not in tok.control_pieces()
 
 
 @pytest.mark.parametrize("field, value", [("bos_id", -1), ("eos_id", 10**6), ("bos_id", True), ("unk_id", 1.0),

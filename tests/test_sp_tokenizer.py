@@ -216,12 +216,24 @@ def test_duplicate_byte_piece_rejected():
 
 
 @pytest.mark.parametrize("change", [
-    dict(piece=b"ab"), dict(piece=b""), dict(piece=b"\xff\xfe"), dict(ptype=0), dict(ptype=7), dict(ptype=U),
+    dict(piece=b"ab"), dict(piece=b""), dict(piece=b"\xff\xfe"), dict(ptype=0), dict(ptype=7),
     dict(score=math.nan), dict(score=math.inf), dict(score=-1e39)])
 def test_bad_entry_rejected(change):
     index = len(SPECIALS) + len(USER) + 1  # the piece "a"
     with pytest.raises(ModelFormatError, match="token"):
         make(*_edit(index, **change))
+
+
+def test_second_unknown_piece_is_never_produced():
+    """Phi-3's GGUF types its [PADn] fillers UNKNOWN beside <unk>: SentencePiece
+    allows one unknown piece, so the others are control pieces: they decode
+    to nothing and no text gives them, as llama.cpp treats them."""
+    a = len(SPECIALS) + len(USER) + 1
+    index = a + 8  # the piece "ab"
+    assert make().encode("ab") == [index]
+    tok = make(*_edit(index, ptype=U))
+    assert tok.decode([index]) == "" and tok.is_control(index)
+    assert tok.encode("ab") == [a, a + 1]
 
 
 def test_space_run_respelled_duplicate_rejected():

@@ -36,8 +36,11 @@ from .bpe_pre import PRE_TOKENIZERS, pre_tokenizer
 from .chat import template_from_gguf
 from .greedy import PieceTable, SpecialPieces, text_to_bytes
 
-TOKEN_NORMAL = 1  # GGUF token types (llama.cpp's llama_token_type)
-TOKEN_CONTROL = 3
+# GGUF token types (llama.cpp's llama_token_type) a byte-level vocab may hold
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 2, 3, 4, 5
+TOKEN_TYPES = {TOKEN_NORMAL: "normal", TOKEN_UNKNOWN: "unknown", TOKEN_CONTROL: "control",
+               TOKEN_USER_DEFINED: "user-defined", TOKEN_UNUSED: "unused"}
+SILENT_TYPES = (TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_UNUSED)  # decode to nothing, never produced from text
 
 CACHE_LIMIT = 1 << 16  # pieces remembered; the cache starts over past this
 CACHE_PIECE_BYTES = 64  # longer pieces are not remembered: the cache stays under ~70 MB however hostile the text
@@ -56,6 +59,17 @@ def byte_alphabet() -> list[str]:
             chars[b] = chr(0x100 + extra)
             extra += 1
     return chars
+
+
+def token_text_bytes(token: str, byte_of: dict[str, int]) -> bytes:
+    """What a token decodes to, as HF's ByteLevel decoder makes it: the bytes
+    its characters stand for in the byte alphabet when every one is in it,
+    else its own UTF-8 (a token written outside the alphabet, e.g. Command-R's
+    U+200D, or a USER_DEFINED token with a space in it)."""
+    try:
+        return bytes(byte_of[ch] for ch in token)
+    except KeyError:
+        return token.encode()
 
 
 def check_vocab_sizes(where: str, tokens, types, bos_id, eos_id, unk_id, pad_id) -> int:
@@ -134,22 +148,23 @@ class BPETokenizer(PieceTable):
         byte_of = {ch: b for b, ch in enumerate(chars)}
         out: list[bytes] = []
         control: list[bool] = []
+        special: list[tuple[bytes, int]] = []  # matched with parse_special only
+        always: list[tuple[bytes, int]] = []   # USER_DEFINED: matched whole in any text
         ids: dict[str, int] = {}
         for i, (token, ttype) in enumerate(zip(tokens, types)):
             if not isinstance(token, str) or not token:
                 raise ModelFormatError(f"{where}: token {i}: empty or not a string")
-            if ttype == TOKEN_CONTROL:
-                out.append(b"")
-            elif ttype == TOKEN_NORMAL:
-                try:
-                    out.append(bytes(byte_of[ch] for ch in token))
-                except KeyError as e:
-                    raise ModelFormatError(f"{where}: token {i} ({token[:32]!r}) has {e.args[0]!r}, which is "
-                                           f"not in the byte-level alphabet") from None
-            else:
+            if isinstance(ttype, bool) or not hasattr(ttype, "__index__") or int(ttype) not in TOKEN_TYPES:
                 raise ModelFormatError(f"{where}: token {i} ({token[:32]!r}): type {ttype!r} is not supported "
-                                       f"(byte-level vocabs: {TOKEN_NORMAL} normal, {TOKEN_CONTROL} control)")
-            control.append(ttype == TOKEN_CONTROL)
+                                       f"(byte-level vocabs: {', '.join(f'{t} {n}' for t, n in TOKEN_TYPES.items())})")
+            ttype = int(ttype)
+            silent = ttype in SILENT_TYPES or (ttype == TOKEN_USER_DEFINED and token == f"[PAD{i}]")
+            control.append(silent)
+            out.append(b"" if silent else token_text_bytes(token, byte_of))
+            if ttype in (TOKEN_CONTROL, TOKEN_UNKNOWN):
+                special.append((token.encode(), i))
+            elif ttype == TOKEN_USER_DEFINED and not silent:
+                always.append((token.encode(), i))
             ids.setdefault(token, i)
         rank_of: dict[tuple[int, int], tuple[int, int]] = {}  # (left id, right id) -> (rank, merged id)
         for rank, merge in enumerate(merges):
@@ -178,9 +193,12 @@ class BPETokenizer(PieceTable):
         self._byte_ids = [ids.get(ch, -1) for ch in chars]  # -1: not in the vocab, dropped
         self._merges = rank_of
         self._rule = rule
-        self._token_ids = {out[i]: i for i in reversed(range(n)) if not control[i]}  # ignore_merges
+        self._token_ids = {out[i]: i for i in reversed(range(n))  # ignore_merges: whole NORMAL tokens
+                           if int(types[i]) == TOKEN_NORMAL and all(ch in byte_of for ch in tokens[i])}
         self._cache: dict[bytes, list[int]] = {}
-        self._specials = SpecialPieces([(tokens[i].encode(), i) for i in range(n) if control[i]])
+        self._special_pieces = tuple(sorted({p.decode() for p, _ in special}, key=lambda p: (-len(p), p)))
+        self._always = SpecialPieces(always)
+        self._parsed = SpecialPieces(always + special)
 
     @classmethod
     def from_gguf(cls, path) -> BPETokenizer:
@@ -198,7 +216,13 @@ class BPETokenizer(PieceTable):
         control tokens written in the text become their ids (leftmost,
         longest first); the text between them is encoded on its own."""
         data = text_to_bytes(text)
-        return self._specials.split(data, self._encode_plain) if parse_special else self._encode_plain(data)
+        return (self._parsed if parse_special else self._always).split(data, self._encode_plain)
+
+    def control_pieces(self) -> tuple[str, ...]:
+        """The control tokens' spellings, longest first: what special parsing
+        matches and a chat message's content may not smuggle in
+        (PieceTable.control_pieces; USER_DEFINED tokens are text)."""
+        return self._special_pieces
 
     def _encode_plain(self, data: bytes) -> list[int]:
         text = data.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 -> U+DC80..U+DCFF

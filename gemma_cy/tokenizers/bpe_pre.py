@@ -11,6 +11,7 @@ matches and the text between them), then the pieces' UTF-8 bytes:
 
 - ``gpt-2``: GPT-2's pattern (HF ``ByteLevel(use_regex=True)``)
   ``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+``.
+- ``mpt`` (GPT-NeoX-20B's tokenizer, which MPT ships): NFC, then GPT-2's pattern.
 - ``smollm`` (also ``starcoder``, ``refact``): every numeric character a
   piece of its own (HF ``Digits(individual_digits=True)``), then GPT-2's pattern.
 - ``command-r``: NFC, then as ``smollm``.
@@ -19,7 +20,8 @@ matches and the text between them), then the pieces' UTF-8 bytes:
   ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+``; a piece that is
   a whole token of the vocab is that token, merges or not (``ignore_merges``).
 - ``qwen2``: NFC, then the same pattern with ``\\p{N}`` (one digit a piece).
-- ``qwen35``: as ``qwen2`` with combining marks in words:
+- ``qwen35``: as ``qwen2`` without NFC (Qwen 3.5's tokenizer.json has no
+  normalizer: a decomposed "é" stays "e" + U+0301), combining marks in words:
   ``[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+`` and ``?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*``.
 - ``deepseek-llm``: ``[\\r\\n]``; ``\\s?`` + a run of DeepSeek's letter list;
   ``\\s?`` + a run of ASCII and full-width punctuation; trailing white space;
@@ -386,11 +388,12 @@ _DIGIT = run_matcher(NUMERIC, limit=1)
 _SMOLLM = (_DIGIT, gpt2_match)
 _RULES = [
     PreTokenizer("gpt-2", (gpt2_match,)),
+    PreTokenizer("mpt", (gpt2_match,), normalize=True),
     PreTokenizer("smollm", _SMOLLM),
     PreTokenizer("command-r", _SMOLLM, normalize=True),
     PreTokenizer("llama-bpe", (tiktoken_matcher(3, L),), ignore_merges=True),
     PreTokenizer("qwen2", (tiktoken_matcher(1, L),), normalize=True),
-    PreTokenizer("qwen35", (tiktoken_matcher(1, L | M),), normalize=True),
+    PreTokenizer("qwen35", (tiktoken_matcher(1, L | M),)),
     PreTokenizer("deepseek-llm", (line_break, run_matcher(DS_LETTER, spaced=True), run_matcher(DS_PUNCT, spaced=True),
                                   trailing_space, run_matcher(CJK), _DIGIT)),
     PreTokenizer("deepseek-coder", (line_break, run_matcher(L, spaced=True), run_matcher(P, spaced=True),

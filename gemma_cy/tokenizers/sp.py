@@ -249,8 +249,7 @@ def _spell_checked(pieces, scores, types, unk_id: int, where: str):
         if i == unk_id:
             ptype = TOKEN_UNKNOWN  # llama.cpp's converter types <unk> CONTROL; SentencePiece needs UNKNOWN
         elif ptype == TOKEN_UNKNOWN:
-            raise ModelFormatError(f"{where}: token {i} ({piece[:32]!r}) is typed UNKNOWN but unk_id is "
-                                   f"{unk_id}; there must be exactly one unknown token")
+            ptype = TOKEN_CONTROL  # another UNKNOWN (Phi-3's [PADn]): SentencePiece allows one
         spelled = piece
         if ptype == TOKEN_BYTE:
             m = _BYTE_PIECE.fullmatch(piece)
@@ -289,8 +288,7 @@ def _spell_fast(pieces, scores, types, unk_id: int):
     n = len(pieces)
     if set(map(type, pieces)) != {bytes} or set(map(type, types)) != {int} or not set(types) <= set(TOKEN_TYPES):
         return None
-    if min(map(len, pieces)) == 0 or max(map(len, pieces)) > MAX_PIECE_BYTES \
-            or types.count(TOKEN_UNKNOWN) > (types[unk_id] == TOKEN_UNKNOWN):
+    if min(map(len, pieces)) == 0 or max(map(len, pieces)) > MAX_PIECE_BYTES:
         return None
     try:
         score_values = np.asarray(scores, dtype=np.float64)
@@ -305,7 +303,7 @@ def _spell_fast(pieces, scores, types, unk_id: int):
         return None
     if joined.count(0) != n - 1:  # a piece holds a NUL
         return None
-    sp_types = list(types)
+    sp_types = [TOKEN_CONTROL if t == TOKEN_UNKNOWN else t for t in types]  # _spell_checked's retyping
     sp_types[unk_id] = TOKEN_UNKNOWN
     sp_pieces = list(pieces)
     out = [p.replace(META_SPACE, SPACE) for p in pieces]
