@@ -54,6 +54,7 @@ oracle: .venv-oracle/.deps-stamp .venv-peers/.deps-stamp $(BUILD_STAMP)
 	.venv-oracle/bin/python scripts/make_model_goldens.py
 	.venv-oracle/bin/python scripts/make_smollm2_goldens.py
 	.venv-oracle/bin/python scripts/make_chat_goldens.py
+	.venv-oracle/bin/python scripts/make_template_goldens.py
 	.venv-oracle/bin/python scripts/make_eval_goldens.py
 	.venv-oracle/bin/python scripts/make_bpe_pre_goldens.py
 	.venv-oracle/bin/python scripts/make_gemma4_tokenizer_goldens.py --peers-python .venv-peers/bin/python

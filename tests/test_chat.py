@@ -168,3 +168,33 @@ def test_template_resource_bombs_end_in_one_line(source, match):
     with pytest.raises(TemplateError, match=match) as e:
         chat_ids(tok, chat_template_for(tok), user("hi"))
     assert "\n" not in str(e.value) and time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("tools, kwargs, needle", [
+    ("get_weather", None, "tools must be a list of dicts"),
+    ([1], None, "tools\\[0\\] must be a dict"),
+    ([{"f": object()}], None, "tools\\[0\\].f: object is not JSON data"),
+    ([{1: "x"}], None, "keys must be strings"),
+    (None, ["enable_thinking"], "template_kwargs must be a dict"),
+    (None, {"messages": []}, "'messages' is set by gemma-cy itself"),
+    (None, {"not a name": 1}, "is not a name a template can read"),
+    (None, {"_hidden": 1}, "is not a name a template can read"),
+    (None, {"enable_thinking": {1, 2}}, "set is not JSON data"),
+])
+def test_bad_tools_and_template_kwargs_are_one_line_errors(tools, kwargs, needle):
+    template = ChatTemplate("chatml", CHATML_TEMPLATE, ())
+    with pytest.raises(ParameterError, match=needle) as e:
+        render(template, [{"role": "user", "content": "hi"}], bpe(), True, tools, kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_tools_and_template_kwargs_reach_the_template():
+    source = ("{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+              "{{ 'think' if enable_thinking is not defined or enable_thinking else 'no-think' }}"
+              "{% generation %}{{ messages[0].content }}{% endgeneration %}")
+    template = ChatTemplate("file", source, ())
+    msgs = [{"role": "user", "content": "hi"}]
+    tok = bpe()
+    assert render(template, msgs, tok) == "thinkhi"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    assert render(template, msgs, tok, True, tools, {"enable_thinking": False}) == "[f]no-thinkhi"

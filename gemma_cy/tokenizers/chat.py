@@ -159,8 +159,63 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+_now = datetime.datetime.now  # the clock strftime_now reads (tests fix it)
+
+
 def _strftime_now(fmt):
-    return datetime.datetime.now().strftime(fmt)
+    return _now().strftime(fmt)
+
+
+# Names render() gives the template itself; template_kwargs may not take them.
+RESERVED_NAMES = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+def _plain_data(value, where: str, depth: int = 0):
+    """``value`` rebuilt from JSON types only (dict with str keys, list,
+    str, int, float, bool, None), as transformers hands a template its
+    inputs; ParameterError naming ``where`` for anything else."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if depth > 32:
+        raise ParameterError(f"{where}: nested deeper than 32 levels")
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise ParameterError(f"{where}: keys must be strings")
+        return {k: _plain_data(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_data(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    raise ParameterError(f"{where}: {type(value).__name__} is not JSON data (dict, list, str, number, bool, None)")
+
+
+def check_tools(tools) -> list[dict] | None:
+    """``tools`` (None, or a list of tool definitions as dicts, e.g. OpenAI's
+    {"type": "function", "function": {"name", "description", "parameters"}})
+    as plain JSON data; ParameterError otherwise."""
+    if tools is None:
+        return None
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise ParameterError(f"tools must be a list of dicts, got {type(tools).__name__}")
+    out = _plain_data(list(tools), "tools")
+    for i, tool in enumerate(out):
+        if not isinstance(tool, dict):
+            raise ParameterError(f"tools[{i}] must be a dict, got {type(tool).__name__}")
+    return out
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """Extra variables for the template (``enable_thinking``, ``date_string``...,
+    what transformers' apply_chat_template passes on as keyword arguments):
+    identifiers not among RESERVED_NAMES, JSON values; ParameterError otherwise."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise ParameterError(f"template_kwargs must be a dict, got {type(kwargs).__name__}")
+    for name in kwargs:
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+            raise ParameterError(f"template_kwargs: {name!r} is not a name a template can read")
+        if name in RESERVED_NAMES:
+            raise ParameterError(f"template_kwargs: {name!r} is set by gemma-cy itself")
+    return _plain_data(dict(kwargs), "template_kwargs")
 
 
 # What one rendering may cost. A template is code from a downloaded file:
@@ -213,8 +268,22 @@ def _compile(source: str):
                                         f"{MAX_BUILT_ITEMS}")
             return super().call_binop(context, operator, left, right)
 
+    class GenerationBlock(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}``: transformers marks the
+        assistant's text with it (its AssistantTracker); it renders its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, undefined=LoudUnsafeUndefined,
-                         extensions=[jinja2.ext.loopcontrols])
+                         extensions=[jinja2.ext.loopcontrols, GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -241,12 +310,17 @@ class _Deadline:
         return self
 
 
-def render(template: ChatTemplate, messages: list[dict], tokenizer, add_generation_prompt: bool = True) -> str:
+def render(template: ChatTemplate, messages: list[dict], tokenizer, add_generation_prompt: bool = True,
+           tools=None, template_kwargs=None) -> str:
     """The template's text for ``messages`` (checked), with bos_token and
-    eos_token spelled as the tokenizer's vocabulary spells them; within
+    eos_token spelled as the tokenizer's vocabulary spells them, ``tools``
+    (``check_tools``; None when there are none, as transformers passes it)
+    and ``template_kwargs`` (``check_template_kwargs``); within
     MAX_RENDER_SECONDS and MAX_RENDER_CHARS."""
     import jinja2
 
+    messages = check_messages(messages)
+    variables = {**check_template_kwargs(template_kwargs), "tools": check_tools(tools), "documents": None}
     compiled = _compile(template.source)
     parts, size = [], 0
     previous = sys.gettrace()
@@ -254,7 +328,7 @@ def render(template: ChatTemplate, messages: list[dict], tokenizer, add_generati
     try:
         for part in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                       bos_token=_spelling(tokenizer, tokenizer.bos_id),
-                                      eos_token=_spelling(tokenizer, tokenizer.eos_id)):
+                                      eos_token=_spelling(tokenizer, tokenizer.eos_id), **variables):
             size += len(part)
             if size > MAX_RENDER_CHARS:
                 raise TemplateError(f"chat template: the rendered text passed {MAX_RENDER_CHARS} characters")
@@ -285,9 +359,10 @@ def _control_pattern(pieces: tuple[str, ...]) -> re.Pattern | None:
 _PLACEHOLDER = 0xF0000  # a private-use plane: placeholders for control pieces typed in content
 
 
-def chat_ids(tokenizer, template: ChatTemplate, messages, add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of ``messages`` in ``template``: the template's markers
-    are control tokens, the messages' text is plain text."""
+def chat_ids(tokenizer, template: ChatTemplate, messages, add_generation_prompt: bool = True, tools=None,
+             template_kwargs=None) -> list[int]:
+    """Token ids of ``messages`` in ``template`` (``render``'s arguments):
+    the template's markers are control tokens, the messages' text is plain text."""
     messages = check_messages(messages)
     pattern = _control_pattern(tokenizer.control_pieces())
     typed: list[str] = []  # control pieces typed in content, by placeholder index
@@ -302,7 +377,7 @@ def chat_ids(tokenizer, template: ChatTemplate, messages, add_generation_prompt:
                 raise ParameterError("message content holds characters of Unicode plane 15 (private use), "
                                      "which gemma-cy reserves for chat rendering")
             m["content"] = pattern.sub(hide, m["content"])
-    text = render(template, messages, tokenizer, add_generation_prompt)
+    text = render(template, messages, tokenizer, add_generation_prompt, tools, template_kwargs)
     if not typed:
         return tokenizer.encode(text, parse_special=True)
     ids: list[int] = []
