@@ -236,13 +236,17 @@ class Model:
         return self.tokenizer.decode(list(ids))
 
     def chat_ids(self, messages: str | Sequence[dict], system: str | None = None,
-                 add_generation_prompt: bool = True) -> list[int]:
+                 add_generation_prompt: bool = True, tools: Sequence[dict] | None = None,
+                 template_kwargs: dict | None = None) -> list[int]:
         """Token ids of a chat in the model's template (gemma_cy.tokenizers.chat),
         ready for the model's reply: ``messages`` is a list of {"role":
         "system" | "user" | "assistant", "content": str}, or one user
-        prompt as a string (after a ``system`` message, if given). The
-        template's markers are control tokens; the messages' text is plain
-        text. Raises ParameterError when the model has no chat template."""
+        prompt as a string (after a ``system`` message, if given); ``tools``
+        (tool definitions as JSON dicts) and ``template_kwargs`` (extra
+        template variables, e.g. {"enable_thinking": False}) reach the
+        template as transformers passes them. The template's markers are
+        control tokens; the messages' text is plain text. Raises
+        ParameterError when the model has no chat template."""
         if self.chat_template is None:
             raise ParameterError(f"chat format: {self.weights.source or 'this model'} has no chat template "
                                  f"(neither its own nor Gemma's or ChatML's markers); run it without chat")
@@ -252,7 +256,7 @@ class Model:
                 [{"role": "user", "content": text}]
         elif system is not None:
             raise ParameterError("system: give the system message inside messages, or a prompt string")
-        return chat_ids(self.tokenizer, self.chat_template, messages, add_generation_prompt)
+        return chat_ids(self.tokenizer, self.chat_template, messages, add_generation_prompt, tools, template_kwargs)
 
     def prompt_ids(self, prompt: str | bytes | Sequence[int], chat_format: bool = False,
                    parse_special: bool = False, system: str | None = None) -> list[int]:

@@ -221,7 +221,7 @@ class F32Weights:
                 post_ffn_norm=optional(p + "post_ffn_norm", c.post_norms),
                 q_bias=optional(p + "q_bias", c.qkv_bias), k_bias=optional(p + "k_bias", c.qkv_bias),
                 v_bias=optional(p + "v_bias", c.qkv_bias),
-                rope_freqs=None if c.rope_freqs_global_only and c.is_local(layer) else rope_freqs,
+                rope_freqs=c.rope_divisors(rope_freqs, c.is_local(layer)),
                 ple_gate=optional_matrix(p + "ple_gate"), ple_proj=optional_matrix(p + "ple_proj"),
                 ple_post_norm=optional(p + "ple_post_norm", ple),
                 layer_scalar=optional(p + "layer_scalar", c.layer_scalars),

@@ -37,7 +37,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -46,13 +45,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "goldens" / "arch"
 LLAMA_CPP_VERSION = "0.3.36"
-SOURCE_CACHE = Path.home() / ".cache" / "gemma-cy" / f"llama-cpp-python-{LLAMA_CPP_VERSION}"
 TOKENIZER_VOCAB = 512
 SP_VOCAB = 1024  # the trainer keeps every character of 98% coverage: more than 512 on this corpus
 WEIGHT_SCALE = 4.0
 SEED = 20261206
 N_GREEDY = 64
 OUTTYPES = ("f32", "bf16", "q8_0")  # the converter's; Q4_K_M and Q6_K come from the quantizer
+LOGITS_SAMPLE_ABOVE = 4096  # a vocabulary this large keeps a sample of the logits (the files stay small)
+LOGITS_STRIDE = 37
 KV_F32 = 0  # GGML_TYPE_F32: llama.cpp's KV cache in f32, not its default f16, as gemma-cy and transformers keep it
 QUANTIZED = {"q4_k_m": 15, "q6_k": 18}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_K_M, LLAMA_FTYPE_MOSTLY_Q6_K
 
@@ -197,39 +197,87 @@ def gemma4_moe_config():
         pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=True)
 
 
+def gemma3_linear_config():
+    """Gemma 3 as the 4B, 12B and 27B are: linear RoPE scaling, factor 8, on
+    the global layers only (rope_parameters "full_attention"; the local ones
+    keep base 10000 unscaled). Six layers, the sixth global (pattern 6, the
+    converter writes no pattern for Gemma 3), a window of 8 shorter than
+    every prompt, q/k norms, sandwich norms."""
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        vocab_size=TOKENIZER_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        query_pre_attn_scalar=16, sliding_window=8, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=True)
+
+
+def gemma4_mixed_config():
+    """Gemma 4 with a layer pattern no period describes: global, local,
+    global, then three layers sharing caches (local, local, global), so each
+    kind's source is the last earlier layer of its kind (1 and 2; there
+    llama.cpp's fixed offsets agree with transformers). The file stores one
+    flag per layer; everything else as ``gemma4_config``."""
+    from transformers import Gemma4TextConfig
+
+    return Gemma4TextConfig(
+        vocab_size=TOKENIZER_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=512,
+        layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention",
+                     "sliding_attention", "full_attention"], sliding_window=8,
+        final_logit_softcapping=5.0, hidden_size_per_layer_input=32, vocab_size_per_layer_input=TOKENIZER_VOCAB,
+        attention_k_eq_v=True, num_kv_shared_layers=3, use_double_wide_mlp=True, rms_norm_eps=1e-6,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=True)
+
+
+def narrow(make_config, **sizes):
+    """``make_config`` with other sizes: the models on a real vocabulary are
+    kept narrow, as their embedding table is vocab x hidden_size."""
+    def make():
+        config = make_config()
+        for key, value in sizes.items():
+            setattr(config, key, value)
+        return config
+    make.__doc__ = f"{make_config.__doc__} Sizes: {sizes}."
+    return make
+
+
 # arch -> (its transformers config, its vocabulary: "bpe:<rule>" (SmolLM2's, with that pre-tokenizer), "sp" (Gemma's SentencePiece),
 # "sp_llama" (SentencePiece with Llama's settings: Phi-3's) or "gemma_bpe" (Gemma 4's merges BPE))
 ARCHS = {"qwen3": (qwen3_config, "bpe:qwen2"), "gemma2": (gemma2_config, "sp"), "gemma": (gemma_config, "sp"),
          "llama3": (llama3_config, "bpe:llama-bpe"), "qwen2": (qwen2_config, "bpe:qwen2"),
          "phi3": (phi3_config, "sp_llama"),
-         "gemma4": (gemma4_config, "gemma_bpe"), "gemma4_moe": (gemma4_moe_config, "gemma_bpe")}
+         "gemma4": (gemma4_config, "gemma_bpe"), "gemma4_moe": (gemma4_moe_config, "gemma_bpe"),
+         "gemma3_linear": (gemma3_linear_config, "sp"), "gemma4_mixed": (gemma4_mixed_config, "gemma_bpe"),
+         # the families' own vocabularies (llama.cpp's ggml-vocab-<name>.gguf) and chat templates (its
+         # models/templates/<file>): "real:<name>:<file>"
+         "qwen2_vocab": (narrow(qwen2_config, hidden_size=32, intermediate_size=64), "real:qwen2:Qwen-Qwen2.5-7B-Instruct.jinja"),
+         "qwen3_vocab": (narrow(qwen3_config, hidden_size=32, intermediate_size=64, head_dim=32),
+                         "real:qwen2:Qwen-Qwen3-0.6B.jinja"),
+         "phi3_vocab": (phi3_config, "real:phi-3:microsoft-Phi-3.5-mini-instruct.jinja")}
+CHATS = ("user", "system", "multi_turn", "no_generation_prompt", "no_thinking")  # make_template_goldens' cases
 # Files per architecture: every converter and quantizer type, but for Gemma 4 (F32 and Q8_0: the BF16
 # reading is proven on the others), whose per-layer
 # embedding would make them large and whose rows of 64 leave the K-quants to their fallbacks anyway.
-ARCH_OUTTYPES = {"gemma4": ("f32", "q8_0"), "gemma4_moe": ("f32", "q8_0")}
+ARCH_OUTTYPES = {"gemma4": ("f32", "q8_0"), "gemma4_moe": ("f32", "q8_0"), "gemma3_linear": ("f32", "q8_0"),
+                 "gemma4_mixed": ("f32", "q8_0"), "qwen2_vocab": ("f32",), "qwen3_vocab": ("f32",),
+                 "phi3_vocab": ("f32",)}
+# Files kept compressed (xz): those whose real vocabulary makes them large; the tests unpack them.
+COMPRESSED = ("qwen2_vocab", "qwen3_vocab", "phi3_vocab")
 GEMMA4_GAIN_STD = 0.3  # Gemma 4's gains are used as stored (x * w): drawn around 1 so that they matter
 BIAS_SCALE = 0.5  # std of the random q/k/v biases
 
 
 def converter_source() -> Path:
     """llama.cpp's converter (convert_hf_to_gguf.py, conversion/, gguf-py/)
-    from llama-cpp-python's source distribution, fetched and unpacked once."""
-    llama = SOURCE_CACHE / "vendor" / "llama.cpp"
-    if (llama / "convert_hf_to_gguf.py").exists():
-        return llama
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", tmp], check=True)
-        sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-        prefix = f"llama_cpp_python-{LLAMA_CPP_VERSION}/"
-        with tarfile.open(sdist) as tar:
-            members = [m for m in tar.getmembers() if m.name.startswith(prefix + "vendor/llama.cpp/")
-                       and ("/convert_hf_to_gguf.py" in m.name or "/conversion/" in m.name or "/gguf-py/" in m.name)]
-            for m in members:
-                m.name = m.name[len(prefix):]
-            SOURCE_CACHE.mkdir(parents=True, exist_ok=True)
-            tar.extractall(SOURCE_CACHE, members=members, filter="data")
-    return llama
+    from llama-cpp-python's source distribution, fetched and unpacked once
+    (tests/llama_cpp_source.py, the copy the tests read too)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from llama_cpp_source import llama_cpp_dir
+
+    return llama_cpp_dir("convert_hf_to_gguf.py", "conversion", "gguf-py")
 
 
 CONVERT = """
@@ -363,6 +411,89 @@ class SPVocab:
         return self.sp.decode(ids)
 
 
+class RealVocab:
+    """A family's own vocabulary: llama.cpp's ``models/ggml-vocab-<name>.gguf``
+    (its converter's output on the model's real HF tokenizer, with the test
+    pairs HF's ids came from), read back by transformers
+    (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``, whose ids equal
+    those pairs: checked here). Saved for the converter as transformers
+    saves it; a SentencePiece vocabulary (Phi-3's) also as the
+    ``tokenizer.model`` its converter reads, rebuilt from the GGUF's pieces,
+    scores and types with Llama's settings."""
+
+    def __init__(self, name: str, template: str):
+        from transformers import AutoTokenizer
+
+        models = converter_source() / "models"
+        self.path = models / f"ggml-vocab-{name}.gguf"
+        self.tok = AutoTokenizer.from_pretrained(str(models), gguf_file=self.path.name)
+        self.name, self.rule = name, {"qwen2": "qwen2"}.get(name, "default")
+        self.size, self.eos_id = len(self.tok), self.tok.eos_token_id
+        texts = self.path.with_name(self.path.name + ".inp").read_text(encoding="utf-8").split(
+            "\n__ggml_vocab_test__\n")
+        pairs = self.path.with_name(self.path.name + ".out").read_text(encoding="utf-8").split("\n")
+        wrong = [t for t, ids in zip(texts, pairs) if self.tok.encode(t, add_special_tokens=False)
+                 != [int(i) for i in ids.split()]]
+        if wrong:
+            raise SystemExit(f"{name}: transformers' tokenizer from the GGUF misses the test pairs on {wrong[:3]}")
+        self.template = template  # the released model's own chat template, saved with the tokenizer
+        self.tok.chat_template = (models / "templates" / template).read_text(encoding="utf-8")
+
+    def chats(self) -> list[dict]:
+        """transformers' ids for CHATS in this template (apply_chat_template, tokenize=True)."""
+        from make_template_goldens import CASES
+
+        out = []
+        for case in CHATS:
+            messages, add_generation_prompt, _, extra = CASES[case]
+            ids = self.tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                               tokenize=True, return_dict=False, **extra)
+            out.append({"name": case, "messages": messages, "add_generation_prompt": add_generation_prompt,
+                        "template_kwargs": extra, "ids": [int(i) for i in ids]})
+        return out
+
+    def save(self, directory: str) -> None:
+        self.tok.save_pretrained(directory)
+        if self.name == "phi-3":
+            Path(directory, "tokenizer.model").write_bytes(self.sentencepiece_model())
+
+    def sentencepiece_model(self) -> bytes:
+        """The SentencePiece BPE model of the GGUF's base pieces (the ids
+        before the added tokens), Llama's normalizer settings."""
+        from gguf import GGUFReader
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        reader = GGUFReader(str(self.path))
+
+        def array(key):
+            f = reader.fields[key]
+            return [f.parts[i] for i in f.data]
+
+        tokens = [bytes(t).decode() for t in array("tokenizer.ggml.tokens")]
+        scores = [float(v[0]) for v in array("tokenizer.ggml.scores")]
+        types = [int(v[0]) for v in array("tokenizer.ggml.token_type")]
+        base = next(i for i, t in enumerate(tokens) if t == "<|endoftext|>")  # Phi-3's first added token
+        m = pb.ModelProto()
+        for i in range(base):
+            kind = 2 if i == 0 else 3 if tokens[i] in ("<s>", "</s>") else types[i]
+            m.pieces.add(piece=tokens[i], score=scores[i], type=kind)
+        m.trainer_spec.model_type = pb.TrainerSpec.BPE
+        m.trainer_spec.vocab_size = base
+        m.trainer_spec.byte_fallback = True
+        m.trainer_spec.unk_id, m.trainer_spec.bos_id, m.trainer_spec.eos_id, m.trainer_spec.pad_id = 0, 1, 2, -1
+        m.normalizer_spec.name = "identity"
+        m.normalizer_spec.add_dummy_prefix = True
+        m.normalizer_spec.remove_extra_whitespaces = False
+        m.normalizer_spec.escape_whitespaces = True
+        return m.SerializeToString()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok(text)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
+
+
 def make_hf(arch: str, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -370,7 +501,9 @@ def make_hf(arch: str, out: Path) -> None:
     torch.manual_seed(SEED)
     torch.set_num_threads(2)
     make_config, kind = ARCHS[arch]
-    if kind.startswith("bpe"):
+    if kind.startswith("real:"):
+        tok = RealVocab(*kind.partition(":")[2].split(":"))
+    elif kind.startswith("bpe"):
         tok = BPEVocab(kind.partition(":")[2] or "smollm")
     else:
         tok = GemmaBPEVocab() if kind == "gemma_bpe" else SPVocab(llama_settings=kind == "sp_llama")
@@ -388,6 +521,13 @@ def make_hf(arch: str, out: Path) -> None:
                 p.normal_(0.0, BIAS_SCALE)
             elif arch.startswith("gemma4"):
                 p.normal_(1.0, GEMMA4_GAIN_STD)
+            elif arch.startswith("gemma3"):  # stored as w, used as 1 + w: drawn around 0
+                p.normal_(0.0, GEMMA4_GAIN_STD)
+        if arch in COMPRESSED:  # the vocab x hidden tables: ternary (-s, 0, s), so that xz packs them small
+            for name, p in model.named_parameters():
+                if p.dim() == 2 and p.shape[0] == config.vocab_size:
+                    scale = float(p.abs().mean()) * 1.5
+                    p.copy_(torch.randint(-1, 2, p.shape, dtype=torch.float32) * scale)
         for name, b in model.named_buffers():
             if arch.startswith("gemma4") and name.endswith("layer_scalar"):
                 b.uniform_(0.5, 1.5)
@@ -402,6 +542,9 @@ def make_hf(arch: str, out: Path) -> None:
             code = CONVERT.format(llama=str(llama), pre=getattr(tok, "rule", "smollm"))
             subprocess.run([sys.executable, "-c", code, tmp, "--outtype", outtype,
                             "--outfile", str(out / f"model-{outtype}.gguf")], check=True, env=env)
+    if arch in COMPRESSED:
+        for outtype in ARCH_OUTTYPES[arch]:
+            pack(out / f"model-{outtype}.gguf")
     records = oracle_records(model, tok, out, "")
     records_bf16 = []
     if "bf16" in ARCH_OUTTYPES.get(arch, OUTTYPES):
@@ -414,8 +557,29 @@ def make_hf(arch: str, out: Path) -> None:
     header = {"arch": arch, "oracle": f"transformers {transformers.__version__}, torch {torch.__version__}, f32, "
                                       f"eager attention", "converter": f"llama-cpp-python {LLAMA_CPP_VERSION}",
               "config": config.to_dict(), "seed": SEED, "weight_scale": WEIGHT_SCALE, "n_greedy": N_GREEDY}
+    if isinstance(tok, RealVocab):
+        header.update(vocabulary=tok.path.name, chat_template=tok.template, chats=tok.chats())
     (out / "greedy.json").write_text(json.dumps({**header, "prompts": records, "prompts_bf16": records_bf16},
                                                 indent=1, default=str))
+
+
+def pack(path: Path) -> None:
+    """``path`` -> ``path.xz`` (the tests unpack it; llama.cpp's step unpacks it again)."""
+    import lzma
+
+    Path(str(path) + ".xz").write_bytes(lzma.compress(path.read_bytes(), preset=9 | lzma.PRESET_EXTREME))
+    path.unlink()
+
+
+def unpacked(path: Path) -> Path:
+    """``path``, from ``path.xz`` into a temporary file when only that exists."""
+    import lzma
+
+    if path.exists():
+        return path
+    tmp = Path(tempfile.mkdtemp()) / path.name
+    tmp.write_bytes(lzma.decompress(Path(str(path) + ".xz").read_bytes()))
+    return tmp
 
 
 def oracle_records(model, tok, out: Path, suffix: str) -> list[dict]:
@@ -431,7 +595,12 @@ def oracle_records(model, tok, out: Path, suffix: str) -> list[dict]:
         for name, text in PROMPTS:
             ids = tok.encode(text)
             logits = model(torch.tensor([ids])).logits[0, -1].float()
-            np.save(out / f"logits{suffix}_{name}.npy", logits.numpy().astype(np.float32))
+            sample = None  # a real vocabulary's logits: every LOGITS_STRIDE-th id and the top 20, not all
+            if len(logits) > LOGITS_SAMPLE_ABOVE:
+                top = torch.topk(logits, 20).indices.tolist()
+                sample = sorted(set(range(0, len(logits), LOGITS_STRIDE)) | set(top))
+            kept = logits.numpy() if sample is None else logits.numpy()[sample]
+            np.save(out / f"logits{suffix}_{name}.npy", kept.astype(np.float32))
             gen, margins, second, ctx = [], [], [], list(ids)
             for _ in range(N_GREEDY):
                 step = model(torch.tensor([ctx])).logits[0, -1].float()
@@ -444,7 +613,8 @@ def oracle_records(model, tok, out: Path, suffix: str) -> list[dict]:
             records.append({"name": name, "text": text, "prompt_ids": ids, "greedy_ids": gen,
                             "step_margins": margins, "step_second_ids": second,
                             "top20_ids": [int(i) for i in indices], "top20_logits": [float(v) for v in values],
-                            "logits_file": f"logits{suffix}_{name}.npy"})
+                            "logits_file": f"logits{suffix}_{name}.npy",
+                            **({"logits_ids": sample} if sample is not None else {})})
             print(f"{name}{suffix}: {len(ids)} ids, min margin {min(margins):.3f}: {tok.decode(gen)!r}",
                   file=sys.stderr)
     return records
@@ -462,8 +632,8 @@ def make_llama_cpp(arch: str, out: Path) -> None:
                                           str(out / f"model-{name}.gguf").encode(), params) != 0:
             raise SystemExit(f"quantizing to {name} failed")
     golden = json.loads((out / "greedy.json").read_text())
-    for kind in ("f32", "q8_0"):
-        llm = llama_cpp.Llama(model_path=str(out / f"model-{kind}.gguf"), n_ctx=512, n_threads=1,
+    for kind in [k for k in ("f32", "q8_0") if k in ARCH_OUTTYPES.get(arch, OUTTYPES)]:
+        llm = llama_cpp.Llama(model_path=str(unpacked(out / f"model-{kind}.gguf")), n_ctx=512, n_threads=1,
                               n_threads_batch=1, verbose=False, logits_all=False, type_k=KV_F32, type_v=KV_F32)
         for rec in golden["prompts"]:
             llm.reset()

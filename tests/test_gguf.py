@@ -323,7 +323,8 @@ def test_gemma3_config_switches(tiny_path):
     assert c.embed_scale == float(np.float32(math.sqrt(32)))
     assert c.query_scale == 1 / math.sqrt(16)
     assert c.rope_base == 1e6 and c.rope_base_local == 10000.0  # local base derived for gemma3
-    assert c.sliding_window == 8 and c.sliding_window_pattern == 6
+    assert c.sliding_window == 8 and c.sliding_window_pattern == 6 and c.local_layers == ()
+    assert c.rope_scale_global == 1.0
     assert c.bos_id == 2 and c.eos_ids == (1, 9)  # <eos> and <end_of_turn>
     assert c.attn_softcap == 0 and c.final_softcap == 0
     assert c.norm_eps == float(np.float32(1e-6))
@@ -334,6 +335,9 @@ def test_gemma3_config_switches(tiny_path):
     ({"gemma3.rope.freq_base": None}, "rope_base", 1e6),
     ({"gemma3.attention.sliding_window_pattern": 2}, "sliding_window_pattern", 2),
     ({"gemma3.attention.sliding_window_pattern": np.array([True, False])}, "sliding_window_pattern", 2),
+    ({"gemma3.attention.sliding_window_pattern": np.array([False, True])}, "local_layers", (False, True)),
+    ({"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0}, "rope_scale_global", 8.0),
+    ({"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 1.0}, "rope_scale_global", 1.0),
     ({"tokenizer.ggml.eot_token_id": 8}, "eos_ids", (1, 8)),
     ({"gemma3.final_logit_softcapping": 30.0}, "final_softcap", 30.0),
     ({"gemma3.attention.head_count_kv": None}, "n_kv_heads", 2),
@@ -360,7 +364,8 @@ def test_unsupported_architecture(tmp_path):
     ({"gemma3.attention.head_count_kv": 3}, ("n_heads = 2 is not a multiple of n_kv_heads = 3",)),
     ({"gemma3.attention.key_length": 15, "gemma3.attention.value_length": 15}, ("head_dim = 15",)),
     ({"gemma3.attention.value_length": 8}, ("value_length = 8",)),
-    ({"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0}, ("linear x 8.0",)),
+    ({"gemma3.rope.scaling.type": "yarn", "gemma3.rope.scaling.factor": 8.0}, ("yarn x 8.0 is not supported",)),
+    ({"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 0.0}, ("rope_scale_global = 0.0",)),
     ({"gemma3.rope.freq_base": float("nan")}, ("rope_base",)),
     ({"gemma3.attention.sliding_window_pattern": np.array([True, True, False, True])},
      ("expected 2 BOOLs",)),

@@ -56,6 +56,7 @@ def test_llama_config_from_metadata(llama_file):
 @pytest.mark.parametrize("extra, needle", [
     ({"llama.rope.dimension_count": 8}, "partial RoPE is not supported"),
     ({"llama.rope.scaling.type": "yarn"}, "rope.scaling"),
+    ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}, "linear x 4.0 is not supported"),
     ({"llama.attention.head_count_kv": 3}, "n_heads = 4 is not a multiple of n_kv_heads = 3"),
     ({"llama.block_count": None}, "llama.block_count is missing"),
 ])

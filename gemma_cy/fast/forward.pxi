@@ -520,11 +520,13 @@ cdef class FastModel:
         self.rope_bases[0] = c.rope_base
         self.rope_bases[1] = c.rope_base if c.rope_base_local is None else c.rope_base_local
         # table 0 turns the global layers' heads (head_dim_global when set), table 1 the local ones';
-        # Gemma 4's rope_freqs divide the global table's frequencies only
-        self.rope_factors[0] = _gain(weights["rope_freqs"] if c.rope_freqs else None, self._keep)
-        self.rope_factors[1] = self.rope_factors[0]
-        if c.rope_freqs_global_only:
-            self.rope_factors[1] = NULL
+        # each with its divisors of the pairs' frequencies (config.rope_divisors: Gemma 4's rope_freqs
+        # and Gemma 3's linear scaling divide the global table's only)
+        rope_freqs = weights["rope_freqs"].dequantize() if c.rope_freqs else None
+        for table in range(2):
+            divisors = c.rope_divisors(rope_freqs, table == 1)
+            self.rope_factors[table] = NULL if divisors is None else \
+                _f32(np.array(divisors, dtype=np.float32, order="C", copy=True), keep)
         self.rot_dims[0] = c.rope_dims or c.head_dim_global or c.head_dim
         self.rot_dims[1] = c.rotary_dims
         self.rope_half = max(self.rot_dims[0], self.rot_dims[1]) // 2

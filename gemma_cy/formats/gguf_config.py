@@ -97,9 +97,9 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     scaling = gf.value(f"{arch}.rope.scaling.type", "none")
     factor = m.float("{arch}.rope.scaling.factor", 1.0)
     if (scaling not in ("none", "linear") or (scaling == "linear" and factor != 1.0)) and not (
-            arch == "phi3" and scaling == "longrope"):
+            arch == "phi3" and scaling == "longrope") and not (arch == "gemma3" and scaling == "linear"):
         raise m.fail(f"metadata {arch}.rope.scaling: {scaling} x {factor} is not supported "
-                     f"(no RoPE scaling: Gemma 3 270M and 1B, SmolLM2)")
+                     f"(supported: none; linear on Gemma 3's global layers; Phi-3's longrope)")
     special = {}
     for key in ("bos", "eos", "eot"):
         f = gf.fields.get(f"tokenizer.ggml.{key}_token_id")
@@ -151,7 +151,7 @@ def _gemma3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
     HF computes as ``1.0 + weight.float()``.)
     """
     window = m.int("{arch}.attention.sliding_window")  # required, >= 1: every Gemma 3 has local layers
-    pattern = _swa_pattern(gf, m, m.arch, n_layers)
+    linear = gf.value(f"{m.arch}.rope.scaling.type", "none") == "linear"
     pre_attn_scalar = dim // n_heads if n_layers == GEMMA3_27B_LAYERS else head_dim
     has_eot = "tokenizer.ggml.eot_token_id" in gf.fields
     return dict(
@@ -162,7 +162,8 @@ def _gemma3_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
         norm_gain="plain", embed_scale=float(np.float32(math.sqrt(dim))),
         qk_norm=True, post_norms=True,
         query_scale=1.0 / math.sqrt(pre_attn_scalar),
-        sliding_window=window, sliding_window_pattern=pattern,
+        rope_scale_global=m.float("{arch}.rope.scaling.factor", 1.0) if linear else 1.0,
+        sliding_window=window, **_swa_layers(gf, m, m.arch, n_layers),
         attn_softcap=m.float("{arch}.attn_logit_softcapping", 0.0),
         final_softcap=m.float("{arch}.final_logit_softcapping", 0.0),
         extra_eos_ids=[] if has_eot else [_token_id(gf, "<end_of_turn>")])
@@ -208,8 +209,10 @@ def _gemma4_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
         if m.int(key, default=want) != want:
             raise m.fail(f"metadata {key.format(arch=m.arch)} = {m.int(key)}: partial RoPE is expressed by "
                          f"rope_freqs in Gemma 4; expected the whole head, {want}")
-    pattern = _swa_pattern(gf, m, m.arch, n_layers)
-    local = [(layer + 1) % pattern != 0 if pattern else True for layer in range(n_layers)]
+    swa = _swa_layers(gf, m, m.arch, n_layers)
+    pattern = swa["sliding_window_pattern"]
+    local = list(swa.get("local_layers", ())) or [(layer + 1) % pattern != 0 if pattern else True
+                                                   for layer in range(n_layers)]
     kv = _per_layer_ints(gf, m, "{arch}.attention.head_count_kv", n_layers) or [n_heads] * n_layers
     mlp = _per_layer_ints(gf, m, "{arch}.feed_forward_length", n_layers)
     if mlp is None:
@@ -231,7 +234,7 @@ def _gemma4_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
         norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
         norm_gain="plain", embed_scale=float(np.float32(math.sqrt(dim))),
         qk_norm=True, post_norms=True, v_norm=True, layer_scalars=True, query_scale=1.0,
-        sliding_window=m.int("{arch}.attention.sliding_window"), sliding_window_pattern=pattern,
+        sliding_window=m.int("{arch}.attention.sliding_window"), **swa,
         final_softcap=m.float("{arch}.final_logit_softcapping", 0.0),
         head_dim=local_hd, head_dim_global=head_dim if head_dim != local_hd else 0,
         n_kv_heads=n_kv, n_kv_heads_global=kv_global.pop() if kv_global and kv_global != {n_kv} else 0,
@@ -278,7 +281,7 @@ def _gemma2_switches(gf: GGUFFile, m: _Meta, n_layers: int, dim: int, n_heads: i
     return {**gemma, "post_norms": True, "query_scale": 1.0 / math.sqrt(scalar),
             "rope_base_local": m.float("{arch}.rope.freq_base_swa", gemma["rope_base"]),
             "sliding_window": m.int("{arch}.attention.sliding_window", default=GEMMA2_SLIDING_WINDOW),
-            "sliding_window_pattern": _swa_pattern(gf, m, m.arch, n_layers, GEMMA2_SLIDING_WINDOW_PATTERN),
+            **_swa_layers(gf, m, m.arch, n_layers, GEMMA2_SLIDING_WINDOW_PATTERN),
             "attn_softcap": m.float("{arch}.attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP),
             "final_softcap": m.float("{arch}.final_logit_softcapping", GEMMA2_FINAL_SOFTCAP)}
 
@@ -380,25 +383,27 @@ def _check_whole_head_rope(m: _Meta, head_dim: int) -> None:
                      f"partial RoPE is not supported")
 
 
-def _swa_pattern(gf: GGUFFile, m: _Meta, arch: str, n_layers: int,
-                 default: int = GEMMA3_SLIDING_WINDOW_PATTERN) -> int:
-    """Sliding-window period: the metadata's (an int, or one bool per layer,
-    True = sliding) if present, else the architecture's (Gemma 3's 6)."""
+def _swa_layers(gf: GGUFFile, m: _Meta, arch: str, n_layers: int,
+                default: int = GEMMA3_SLIDING_WINDOW_PATTERN) -> dict:
+    """Which layers slide, as ModelConfig switches: ``sliding_window_pattern``
+    (layer l global when (l+1) % p == 0) from the metadata's int, or the
+    architecture's (Gemma 3's 6) when absent; from one bool per layer (True
+    = sliding, as Gemma 4's and newer Gemma 3 files store it) the period when
+    the flags have one, else the flags themselves (``local_layers``)."""
     key = f"{arch}.attention.sliding_window_pattern"
     f = gf.fields.get(key)
     if f is None:
-        return default
+        return {"sliding_window_pattern": default}
     if f.type != ARRAY:
-        return m.int("{arch}.attention.sliding_window_pattern")
+        return {"sliding_window_pattern": m.int("{arch}.attention.sliding_window_pattern")}
     if f.item_type != BOOL or len(f.value) != n_layers:
         raise m.fail(f"metadata {key}: expected {n_layers} BOOLs, found {len(f.value)} of "
                      f"{VALUE_TYPE_NAMES[f.item_type]}")
     local = [bool(v) for v in f.value]
     for p in range(1, n_layers + 2):
         if local == [(l + 1) % p != 0 for l in range(n_layers)]:
-            return p
-    raise m.fail(f"metadata {key}: the per-layer pattern is not periodic (every p-th layer "
-                 f"global), which gemma-cy cannot express")
+            return {"sliding_window_pattern": p}
+    return {"sliding_window_pattern": 0, "local_layers": tuple(local)}
 
 
 def _check_vocab_metadata(gf: GGUFFile, vocab_size: int) -> None:

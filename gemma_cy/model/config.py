@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from ..errors import ModelFormatError
 
 GATE_ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's activation (ModelConfig.activation)
@@ -49,6 +51,7 @@ class ModelConfig:
     rope_dims: int = 0  # dims of each head RoPE rotates (the first ones); 0 = all (Phi-4-mini: 3/4)
     rope_attn_factor: float = 1.0  # LongRoPE: cos and sin multiplied by it
     rope_freqs_global_only: bool = False  # Gemma 4: rope_freqs divide the global layers' frequencies only
+    rope_scale_global: float = 1.0  # Gemma 3 4B-27B: linear RoPE scaling, the global layers' frequencies / this
     # Gemma 4 (docs/model.md#gemma-4): layers that differ from each other
     head_dim_global: int = 0  # head_dim of the global (full-attention) layers; 0 = head_dim
     n_kv_heads_global: int = 0  # key/value heads of the global layers; 0 = n_kv_heads
@@ -65,6 +68,7 @@ class ModelConfig:
     query_scale: float | None = None  # scores *= this; None = 1/sqrt(head_dim)
     sliding_window: int = 0  # local layers attend to the last N positions; 0 = off
     sliding_window_pattern: int = 0  # layer l is global when (l+1) % pattern == 0
+    local_layers: tuple[bool, ...] = ()  # one flag per layer (True: sliding window), over the pattern; () = the pattern
     attn_softcap: float = 0.0  # Gemma 2: tanh soft-cap of scores; 0 = off
     final_softcap: float = 0.0  # Gemma 2: tanh soft-cap of logits; 0 = off
     tied_embeddings: bool = False  # lm_head is embed_tokens
@@ -124,12 +128,28 @@ class ModelConfig:
         return self.rope_dims or self.head_dim
 
     def is_local(self, layer: int) -> bool:
-        """True when ``layer`` uses sliding-window attention."""
+        """True when ``layer`` uses sliding-window attention: its flag in
+        local_layers when they are given, else by the period."""
         if self.sliding_window <= 0:
             return False
+        if self.local_layers:
+            return self.local_layers[layer]
         if self.sliding_window_pattern <= 0:
             return True
         return (layer + 1) % self.sliding_window_pattern != 0
+
+    def rope_divisors(self, rope_freqs: np.ndarray | None, local: bool) -> np.ndarray | None:
+        """The divisors of each RoPE pair's frequency on a local or a global
+        layer, f32 (pairs,), or None for none: the file's ``rope_freqs``
+        (every layer's, or the global layers' only with
+        rope_freqs_global_only), times rope_scale_global on a global layer
+        (Gemma 3's linear scaling, docs/model.md#gemma-3)."""
+        factors = None if local and self.rope_freqs_global_only else rope_freqs
+        if local or self.rope_scale_global == 1.0:
+            return factors
+        pairs = (self.rope_dims or self.head_dim_global or self.head_dim) // 2
+        ones = np.ones(pairs, np.float32) if factors is None else np.asarray(factors, np.float32)
+        return ones * np.float32(self.rope_scale_global)
 
     def window(self, layer: int) -> int:
         """How many past positions (itself included) ``layer`` attends to; 0 = all."""
@@ -188,7 +208,10 @@ class ModelConfig:
             raise ModelFormatError(f"config: rope_pairing = {self.rope_pairing!r}, expected one of {ROPE_PAIRINGS}")
         if self.norm_gain not in NORM_GAINS:
             raise ModelFormatError(f"config: norm_gain = {self.norm_gain!r}, expected one of {NORM_GAINS}")
-        for name in ("rope_base", "norm_eps", "embed_scale", "rope_attn_factor"):
+        if self.local_layers and (len(self.local_layers) != self.n_layers
+                                  or not all(type(v) is bool for v in self.local_layers)):
+            raise ModelFormatError(f"config: local_layers must be {self.n_layers} bools (one per layer) or ()")
+        for name in ("rope_base", "norm_eps", "embed_scale", "rope_attn_factor", "rope_scale_global"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ModelFormatError(f"config: {name} = {value!r}, must be finite and > 0")
