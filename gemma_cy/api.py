@@ -238,15 +238,11 @@ class Model:
     def chat_ids(self, messages: str | Sequence[dict], system: str | None = None,
                  add_generation_prompt: bool = True, tools: Sequence[dict] | None = None,
                  template_kwargs: dict | None = None) -> list[int]:
-        """Token ids of a chat in the model's template (gemma_cy.tokenizers.chat),
-        ready for the model's reply: ``messages`` is a list of {"role":
-        "system" | "user" | "assistant", "content": str}, or one user
-        prompt as a string (after a ``system`` message, if given); ``tools``
-        (tool definitions as JSON dicts) and ``template_kwargs`` (extra
-        template variables, e.g. {"enable_thinking": False}) reach the
-        template as transformers passes them. The template's markers are
-        control tokens; the messages' text is plain text. Raises
-        ParameterError when the model has no chat template."""
+        """Token ids of a chat in the model's template, ready for its reply
+        (gemma_cy.tokenizers.chat.render: ``messages`` [{"role", "content"}], or
+        one user prompt as a string after ``system``; ``tools`` and
+        ``template_kwargs`` as transformers passes them). The markers are control
+        tokens, the messages' text plain text. ParameterError: no chat template."""
         if self.chat_template is None:
             raise ParameterError(f"chat format: {self.weights.source or 'this model'} has no chat template "
                                  f"(neither its own nor Gemma's or ChatML's markers); run it without chat")

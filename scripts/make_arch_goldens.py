@@ -26,6 +26,13 @@ the rule it was trained with in place of that lookup; every other step
 is the converter's own. Gemma's and Phi-3's vocabularies are SentencePiece
 models trained here, Gemma 4's a merges BPE (``GemmaBPEVocab``).
 
+The *_vocab models run a family's real vocabulary instead
+(``RealVocab``: llama.cpp's ggml-vocab-<name>.gguf read by transformers)
+with its released chat template; transformers' ids for a few chats go
+into their greedy.json too. Their vocab x hidden tables make them large,
+so they are narrow, those tables ternary, the F32 file alone kept
+(xz-compressed, ``COMPRESSED``) and the logits kept for a sample of ids.
+
 Weights: transformers' initialization scaled by WEIGHT_SCALE, so that the
 random model's logits spread and greedy decoding is not a run of near
 ties; the seed is fixed, so the same versions make the same files.
