@@ -21,11 +21,15 @@ A byte whose symbol is not in the vocab (SmolLM2's lacks 21, among them
 0x04, 0xC0 and 0xF5..0xFF) is dropped, as HF (a BPE without ``unk_token``)
 and llama.cpp drop it: its neighbours then merge as if adjacent.
 
-Control tokens (``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>``...) are
-matched whole, leftmost-longest, only with ``parse_special=True``; the text
-between them is pre-tokenized on its own (as HF splits added tokens first).
-Decoding maps each byte symbol back to its byte; control tokens decode to
-nothing. Text that is not valid UTF-8 (``greedy.text_to_bytes``) is
+USER_DEFINED tokens (HF's added tokens that are not special: Qwen's and
+DeepSeek's extras, GPT-NeoX's space runs) are matched whole, leftmost-longest,
+in any text; control tokens (``<|im_start|>``, ``<|im_end|>``...) join them
+only with ``parse_special=True``; the text between them is pre-tokenized on
+its own (as HF splits added tokens first). Decoding maps each byte symbol
+back to its byte (a token written outside the byte alphabet gives its own
+UTF-8, as HF's ByteLevel decoder does); control, unknown and unused tokens,
+and the converter's invented ``[PADn]`` fillers, decode to nothing
+(docs/generation.md#byte-level-bpe). Text that is not valid UTF-8 (``greedy.text_to_bytes``) is
 tokenized byte for byte, so ``decode_bytes(encode(b)) == b`` but for
 dropped bytes and, where the rule normalizes, NFC.
 """
