@@ -1,6 +1,6 @@
 """The reference engine with several sequences: one ReferenceEngine per slot.
 
-    engine = ReferenceBatchEngine(weights, max_cache_len, n_slots)
+    engine = ReferenceEngine(weights, max_cache_len, n_slots=n_slots).batch
     a, b = engine.step([(0, prompt_ids, True), (1, [next_id], True)])
 
 Each slot is a ReferenceEngine with its own KVCache over one shared copy of
@@ -16,26 +16,22 @@ import copy
 import numpy as np
 
 from gemma_cy.model.checks import WANT_ALL, CheckedBatchEngine, SlotPositions
-from gemma_cy.model.weights import Weights
 
 from .layers import KVCache
-from .model import ReferenceEngine
 
 __all__ = ["ReferenceBatchEngine"]
 
 
 class ReferenceBatchEngine(CheckedBatchEngine):
-    """``n_slots`` sequences over ``weights`` (CheckedBatchEngine);
+    """``n_slots`` sequences over one engine's weights (CheckedBatchEngine);
     ``engines[slot]`` is each slot's ReferenceEngine (its ``cache`` the slot's
     KVCache), all sharing one F32Weights."""
 
-    def __init__(self, weights: Weights, max_cache_len: int, n_slots: int, activations: str = "f32") -> None:
-        other = ReferenceBatchEngine.over(ReferenceEngine(weights, max_cache_len, activations), n_slots)
-        self.__dict__.update(other.__dict__)
-
     @classmethod
-    def over(cls, engine: ReferenceEngine, n_slots: int) -> "ReferenceBatchEngine":
-        """``n_slots`` slots whose slot 0 is ``engine`` itself (its weights shared)."""
+    def over(cls, engine, n_slots: int) -> "ReferenceBatchEngine":
+        """``n_slots`` slots whose slot 0 is ``engine`` (a ReferenceEngine: its
+        ``batch`` property makes this) itself, its weights shared. (This module
+        does not import reference/model.py, which imports it: no circle.)"""
         self = cls.__new__(cls)
         self.engines = [engine]
         for _ in range(n_slots - 1):

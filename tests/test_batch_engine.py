@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from gemma_cy.errors import ParameterError, TokenIndexError
 from gemma_cy.fast.batch import FastBatchEngine
 from gemma_cy.fast.engine import FastEngine
-from gemma_cy_reference.batch import ReferenceBatchEngine
 from gemma_cy_reference.model import ReferenceEngine
 from helpers import AVAILABLE, cached_weights, q8_0_weights
 from test_forward import GEMMA3
@@ -161,7 +160,7 @@ def test_reference_batch_gives_each_sequence_its_tokens_alone(data):
     weights = cached_weights(ODD, 5)
     seqs, n_slots, seed = data.draw(scenarios(ODD.vocab_size))
     seqs = [(prompt[:12], n_dec, join, chunks) for prompt, n_dec, join, chunks in seqs[:5]]  # NumPy is slow
-    engine = ReferenceBatchEngine(weights, CACHE, min(n_slots, len(seqs)))
+    engine = ReferenceEngine(weights, CACHE, n_slots=min(n_slots, len(seqs))).batch
     got = run_batched(engine, seqs, seed)
     for i, (prompt, n_dec, _, _) in enumerate(seqs):
         tokens, logits = greedy_alone(ReferenceEngine(weights, CACHE), prompt, n_dec)
@@ -184,10 +183,15 @@ def test_a_long_prompt_beside_decodes_is_packed_in_passes_of_block_rows():
         assert np.array_equal(bits(alone.decode(int(np.argmax(want)))), bits(second[s]))
 
 
-@pytest.mark.parametrize("engine_class", [FastBatchEngine, ReferenceBatchEngine])
-def test_bad_steps_are_refused_before_anything_runs(engine_class):
+# Each engine's batch of n slots over weights with a cache of c positions.
+BATCH_ENGINES = {"fast": lambda w, c, n: FastBatchEngine(w, c, n),
+                 "reference": lambda w, c, n: ReferenceEngine(w, c, n_slots=n).batch}
+
+
+@pytest.mark.parametrize("engine", sorted(BATCH_ENGINES))
+def test_bad_steps_are_refused_before_anything_runs(engine):
     weights = cached_weights(ODD, 5)
-    engine = engine_class(weights, 16, 2)
+    engine = BATCH_ENGINES[engine](weights, 16, 2)
     engine.step([(0, [1, 2, 3], True)])
     with pytest.raises(TokenIndexError, match="slot 2 outside"):
         engine.step([(2, [1], True)])
@@ -206,12 +210,12 @@ def test_bad_steps_are_refused_before_anything_runs(engine_class):
         engine.rewind(1, 1)
 
 
-@pytest.mark.parametrize("engine_class", [FastBatchEngine, ReferenceBatchEngine])
-def test_a_copied_slot_continues_as_the_original(engine_class):
+@pytest.mark.parametrize("engine", sorted(BATCH_ENGINES))
+def test_a_copied_slot_continues_as_the_original(engine):
     """copy(src, dst): dst holds src's positions bit for bit (a ring that
     has wrapped included) and continues exactly as src would."""
     weights = cached_weights(ODD, 5)
-    engine = engine_class(weights, 128, 3)
+    engine = BATCH_ENGINES[engine](weights, 128, 3)
     prompt = [(3 * i + 1) % 100 for i in range(40)]  # past the 4-position window: the rings wrapped
     engine.step([(0, prompt, True), (2, [1, 2, 3, 4, 5, 6, 7, 8], False)])
     engine.copy(0, 2)

@@ -132,6 +132,69 @@ def test_imports_point_down_only():
     assert not bad, "\n".join(bad)
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of gemma_cy and gemma_cy_reference it imports,
+    at its top or inside a function (a package is its __init__)."""
+    paths = {module.removesuffix(".__init__"): path for path, module in package_modules()}
+
+    def module_of(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {module: {m for target in imports_of(path, module) if (m := module_of(target)) and m != module}
+            for module, path in paths.items()}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected sets of more than one module (Tarjan's algorithm, iterative)."""
+    order, low, on_stack, stack, circles = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in order:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        order[root] = low[root] = len(order)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            child = next(edges, None)
+            if child is not None:
+                if child not in order:
+                    order[child] = low[child] = len(order)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], order[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == order[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle between modules, lazy imports inside functions
+    included (a circle the package ranks cannot see: two modules of one package)."""
+    assert import_circles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_circles():
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "gemma_cy").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_module_has_one_job(path):
     n = len(path.read_text(encoding="utf-8").splitlines())

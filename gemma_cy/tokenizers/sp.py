@@ -55,8 +55,8 @@ from ..errors import ModelFormatError
 from . import sp_cache
 from .chat import template_from_gguf
 from .greedy import PieceTable, SpecialPieces, StreamDecoder, encode_utf8_runs, text_to_bytes
-from .sp_bpe import BPEVocab, SentencePieceBPE, build_index
-from .sp_cache import PackedPieces, VocabTables
+from .sp_bpe import BPEVocab, SentencePieceBPE
+from .sp_tables import PackedPieces, VocabTables, build_index
 
 # GGUF token types (llama.cpp's llama_token_type), the same numbers as
 # SentencePiece's ModelProto.SentencePiece.Type.

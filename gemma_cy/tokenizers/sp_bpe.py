@@ -36,43 +36,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .greedy import _build_trie, _longest_match
-from .sp_cache import PackedPieces
+from .sp_tables import EMPTY, PackedPieces
 
 # SentencePiece piece types (ModelProto.SentencePiece.Type); GGUF uses the same numbers.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 MERGEABLE = (NORMAL, USER_DEFINED, UNUSED)  # what a pair may join into
 META_SPACE = "\u2581"
-EMPTY = -1  # an empty slot of the hash table
-
-
-def build_index(spelled: PackedPieces) -> np.ndarray:
-    """An open-addressing hash table (int32, power-of-two size at least twice
-    the pieces): slot CRC-32(piece) & (size - 1), then the next slots in
-    turn, holds the piece's id; EMPTY ends a search."""
-    n = len(spelled)
-    size = 1 << max(4, (2 * n - 1).bit_length())
-    mask = size - 1
-    table = np.full(size, EMPTY, np.int32)
-    slots = memoryview(table)
-    blob, offsets, base = spelled.blob, memoryview(spelled.offsets), spelled.base
-    crc32 = zlib.crc32
-    for i in range(n):
-        slot = crc32(blob[base + offsets[i]:base + offsets[i + 1]]) & mask
-        while slots[slot] != EMPTY:
-            slot = (slot + 1) & mask
-        slots[slot] = i
-    return table
-
-
-def index_consistent(table: np.ndarray, n: int) -> bool:
-    """A stored table's shape and ids fit an ``n``-piece vocabulary (every id
-    once, at most half the slots full); a search may then index with them unchecked."""
-    if table.dtype != np.int32 or table.ndim != 1 or table.size < 2 * n or table.size & (table.size - 1):
-        return False
-    ids = table[table != EMPTY]
-    return ids.size == n and bool(np.all(np.bincount(ids, minlength=n) == 1)) if n else ids.size == 0
-
-
 @dataclass(frozen=True)
 class BPEVocab:
     """What the encoder runs from: per id the piece as SentencePiece spells it

@@ -1,5 +1,5 @@
-"""A built SentencePiece vocabulary (``VocabTables``) and its copy in the
-user's cache directory, so a model's tokenizer is built from its GGUF
+"""A built SentencePiece vocabulary's tables (sp_tables.VocabTables) copied
+into the user's cache directory, so a model's tokenizer is built from its GGUF
 vocabulary once, not at every start (docs/model.md#tokenizer-cache).
 
 Building Gemma 3's 262,144-piece vocabulary (checking every piece, spelling
@@ -22,84 +22,17 @@ import hashlib
 import json
 import mmap
 import struct
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ModelFormatError
+from .sp_tables import PackedPieces, VocabTables, index_consistent
 
 CACHE_VERSION = 5  # bump when VocabTables or the entry's layout changes
 # Vocabularies smaller than this build in well under 0.1 s: no file for them
 # (the tests' and fuzzers' small vocabularies leave no trace in the cache).
 CACHE_MIN_PIECES = 16384
-
-
-class PackedPieces(Sequence):
-    """A list of byte strings held as one blob and their offsets: id -> bytes.
-
-    ``blob`` is bytes, or a read-only map whose bytes [base, base +
-    offsets[-1]) are the blob (a cache entry's); ``offsets`` int32 (n + 1,),
-    from 0 to the blob's length."""
-
-    def __init__(self, blob: bytes | mmap.mmap, offsets: np.ndarray, base: int = 0) -> None:
-        self.blob, self.offsets, self.base = blob, offsets, base
-
-    @classmethod
-    def pack(cls, pieces: list[bytes]) -> PackedPieces:
-        lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
-        if lengths.sum() >= 2**31:
-            raise ModelFormatError(f"vocabulary of {lengths.sum()} bytes; at most {2**31 - 1} are supported")
-        offsets = np.zeros(len(pieces) + 1, np.int32)
-        np.cumsum(lengths, out=offsets[1:], dtype=np.int32)
-        return cls(b"".join(pieces), offsets)
-
-    def __len__(self) -> int:
-        return self.offsets.size - 1
-
-    def __getitem__(self, i: int) -> bytes:
-        return self.blob[self.base + int(self.offsets[i]):self.base + int(self.offsets[i + 1])]
-
-    @property
-    def size(self) -> int:
-        """Bytes of the blob."""
-        return int(self.offsets[-1])
-
-    def data(self) -> bytes | memoryview:
-        """The blob's bytes (a view of them in a map)."""
-        return memoryview(self.blob)[self.base:self.base + self.size]
-
-    def find(self, piece: bytes) -> int | None:
-        """The first id whose bytes are ``piece``, or None: a search of the
-        blob, keeping a match only where it is one whole piece."""
-        if not piece:
-            return None
-        base, end = self.base, self.base + self.size
-        at = self.blob.find(piece, base, end)
-        while at >= 0:
-            i = int(np.searchsorted(self.offsets, at - base, side="left"))
-            if self.offsets[i] == at - base and i < len(self) and self.offsets[i + 1] == at - base + len(piece):
-                return i
-            at = self.blob.find(piece, at + 1, end)
-        return None
-
-
-@dataclass(frozen=True)
-class VocabTables:
-    """What a SentencePieceTokenizer runs from, once its vocabulary is checked:
-    per id the ``pieces`` as the file spells them (``pieces.find``: a
-    piece's first id), as SentencePiece spells them (``spelled``),
-    SentencePiece's ``types`` and the ``scores``;
-    the hash ``index`` of the spellings (sp_bpe.build_index); ``byte_ids``
-    (the id of each byte's piece, -1 if none)."""
-
-    pieces: PackedPieces
-    spelled: PackedPieces
-    types: np.ndarray     # int8 (n,)
-    scores: np.ndarray    # f32 (n,)
-    index: np.ndarray     # int32 (2^k,)
-    byte_ids: np.ndarray  # int32 (256,)
 
 
 def cache_key(tokens, scores: np.ndarray, types: np.ndarray, special: tuple[int, ...]) -> str:
@@ -203,8 +136,6 @@ def _consistent(t: VocabTables, n: int, blob_sizes: tuple[int, int]) -> bool:
     """Shapes, offsets and ids of stored tables within their bounds (what
     the tokenizer indexes without further checks); ``blob_sizes``: the
     stored lengths of the pieces' and the spellings' blobs."""
-    from .sp_bpe import index_consistent
-
     for packed, size in zip((t.pieces, t.spelled), blob_sizes):
         o = packed.offsets
         if o.dtype != np.int32 or o.shape != (n + 1,) or o[0] != 0 or o[-1] != size or np.any(np.diff(o) < 0):
