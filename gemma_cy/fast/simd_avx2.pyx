@@ -5,6 +5,7 @@ GEMM), and kernels/q8_x86.pxi (shared with simd_avx512). The rest:
 docs/architecture.md#isa-dispatch.
 """
 include "kernels/common.pxi"
+include "kernels/rows.pxi"
 include "kernels/dot_avx2.pxi"
 include "kernels/q8_x86.pxi"
 include "kernels/q8_avx2.pxi"

@@ -5,6 +5,8 @@ Its own files: kernels/dot_generic.pxi, and kernels/q8_generic.pxi (shared
 with simd_neon). The rest: docs/architecture.md#isa-dispatch.
 """
 include "kernels/common.pxi"
+include "kernels/portable.pxi"
+include "kernels/rows.pxi"
 include "kernels/dot_generic.pxi"
 include "kernels/q8_generic.pxi"
 include "kernels/wrappers.pxi"

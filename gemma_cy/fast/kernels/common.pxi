@@ -121,15 +121,6 @@ cdef void _gemv_i8_rows(float* out, const int8_t* q, float scale, const float* x
         out[r] = k_dot_i8(q + r * cols, x, cols, scale)
 
 
-cdef void _gemv_q8_0_rows(float* out, const uint8_t* blocks, const float* x,
-                          Py_ssize_t rows, Py_ssize_t n_blocks) noexcept nogil:
-    """k_gemv_q8_0 one row at a time (k_dot_q8_0 each), prefetching ahead."""
-    cdef Py_ssize_t r, row_bytes = n_blocks * Q8_0_BYTES
-    for r in range(rows):
-        _prefetch_row(blocks + r * row_bytes, row_bytes)
-        out[r] = k_dot_q8_0(blocks + r * row_bytes, x, n_blocks)
-
-
 # --- Affine matrices (QLAYOUT_AFFINE): every GGUF integer block type as stored
 # weights, exactly (docs/formats.md#block-types). A row of cols values is
 # cols / sub records of sub + 4 (+ 4) bytes: sub int8 levels q, then the
@@ -179,66 +170,6 @@ cdef inline Py_ssize_t _row_bytes(const QMatrix* w) noexcept nogil:
     return w.cols  # QLAYOUT_I8_TENSOR
 
 
-cdef inline const uint8_t* _affine_portable_acc(float* acc, const uint8_t* rec, const float* x, Py_ssize_t cols,
-                                                Py_ssize_t sub, bint has_offset) noexcept nogil:
-    """acc[8 g + j] += the exact weights of the next cols values (records at
-    rec) times x, column 8 g + j of every 32-value block; returns the record
-    after them."""
-    cdef float a, b = 0
-    cdef const int8_t* q
-    cdef Py_ssize_t rb = sub + 4 + (4 if has_offset else 0), k, h, j
-    for k in range(cols // 32):
-        h = 0
-        while h < 32:  # one record of 32, or two of 16
-            q = <const int8_t*> rec
-            a = _load_f32(rec + sub)
-            if has_offset:
-                b = _load_f32(rec + sub + 4)
-            for j in range(sub):
-                acc[h + j] += ((a * q[j]) - b) * x[h + j]
-            rec += rb
-            h += sub
-        x += 32
-    return rec
-
-
-cdef inline float _affine_portable_sum(const float* acc) noexcept nogil:
-    cdef float lanes[8]
-    cdef Py_ssize_t j
-    for j in range(8):
-        lanes[j] = (acc[j] + acc[8 + j]) + (acc[16 + j] + acc[24 + j])
-    return _sum8(lanes)
-
-
-cdef float _dot_affine_portable(const uint8_t* rec, const float* x, Py_ssize_t cols, Py_ssize_t sub,
-                                bint has_offset) noexcept nogil:
-    """One row of an affine matrix times x in portable C (the modules without
-    an affine kernel of their own): the order above, in 32 lane sums
-    acc[8 g + j] (column 8 g + j of every 32-value block; one loop -O3
-    vectorizes), unfused (the modules that run it are built with
-    -ffp-contract=off)."""
-    cdef float acc[32]
-    cdef Py_ssize_t j
-    for j in range(32):
-        acc[j] = 0
-    _affine_portable_acc(acc, rec, x, cols, sub, has_offset)
-    return _affine_portable_sum(acc)
-
-
-cdef float _dot_q4_k_portable(const uint8_t* row, const float* ab, const float* x, Py_ssize_t cols) noexcept nogil:
-    """k_dot_q4_k for the modules without their own: _dot_affine_portable of
-    the row's records, one super-block's records at a time."""
-    cdef float acc[32]
-    cdef uint8_t rec[Q4_K_RECORD_BYTES]
-    cdef Py_ssize_t j, k
-    for j in range(32):
-        acc[j] = 0
-    for k in range(cols // Q4_K_BLOCK):
-        k_q4_k_records(rec, row + k * Q4_K_BYTES, ab + 16 * k)
-        _affine_portable_acc(acc, rec, x + k * Q4_K_BLOCK, Q4_K_BLOCK, 32, True)
-    return _affine_portable_sum(acc)
-
-
 cdef void k_dequantize_affine(float* out, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
                               bint has_offset) noexcept nogil:
     cdef float a, b = 0
@@ -284,15 +215,6 @@ cdef float k_dot_affine_q8(const uint8_t* rec, const int8_t* xq, const float* xd
 cdef void k_gemv_affine(float* out, const uint8_t* rec, const float* x, Py_ssize_t rows, Py_ssize_t cols,
                         Py_ssize_t sub, bint has_offset) noexcept nogil:
     _gemv_affine(out, rec, x, rows, cols, sub, has_offset)  # each module's own (dot_<isa>.pxi)
-
-
-cdef void _gemv_affine_rows(float* out, const uint8_t* rec, const float* x, Py_ssize_t rows, Py_ssize_t cols,
-                            Py_ssize_t sub, bint has_offset) noexcept nogil:
-    """k_gemv_affine one row at a time (k_dot_affine each), prefetching ahead."""
-    cdef Py_ssize_t r, row_bytes = cols // sub * (sub + 4 + (4 if has_offset else 0))
-    for r in range(rows):
-        _prefetch_row(rec + r * row_bytes, row_bytes)
-        out[r] = k_dot_affine(rec + r * row_bytes, x, cols, sub, has_offset)
 
 
 # --- Q4_K, Q4_1 and Q5_0 matrices (QLAYOUT_Q4_K, QLAYOUT_Q4_1,
@@ -469,22 +391,6 @@ cdef void _gemm_converted(float* out, const QMatrix* w, const float* x, const in
         for t in range(n_tokens):
             memcpy(out + t * w.rows + r0, tile_out + t * n, n * sizeof(float))
         r0 += n
-
-
-cdef void _gemv_q4_k_rows(float* out, const QMatrix* w, const float* x) noexcept nogil:
-    """The GEMV of a Q4_K matrix one row at a time (k_dot_q4_k each), prefetching ahead."""
-    cdef Py_ssize_t r, nb = w.cols // Q4_K_BLOCK
-    for r in range(w.rows):
-        _prefetch_row(w.blocks + r * nb * Q4_K_BYTES, nb * Q4_K_BYTES)
-        out[r] = k_dot_q4_k(w.blocks + r * nb * Q4_K_BYTES, w.ab + r * nb * 16, x, w.cols)
-
-
-cdef void _gemv_q5_0_rows(float* out, const QMatrix* w, const float* x) noexcept nogil:
-    """The GEMV of a Q5_0 matrix one row at a time (k_dot_q5_0 each), prefetching ahead."""
-    cdef Py_ssize_t r, nb = w.cols // Q8_0_BLOCK
-    for r in range(w.rows):
-        _prefetch_row(w.blocks + r * nb * Q5_0_BYTES, nb * Q5_0_BYTES)
-        out[r] = k_dot_q5_0(w.blocks + r * nb * Q5_0_BYTES, x, nb)
 
 
 cdef void _gemv_f32_rows(float* out, const float* w, const float* x, Py_ssize_t rows,
