@@ -281,7 +281,7 @@ def converter_source() -> Path:
     """llama.cpp's converter (convert_hf_to_gguf.py, conversion/, gguf-py/)
     from llama-cpp-python's source distribution, fetched and unpacked once
     (tests/llama_cpp_source.py, the copy the tests read too)."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]  # (gemma_cy for its cache directory)
     from llama_cpp_source import llama_cpp_dir
 
     return llama_cpp_dir("convert_hf_to_gguf.py", "conversion", "gguf-py")

@@ -66,7 +66,7 @@ def main() -> None:
     import transformers
     import transformers.utils.chat_template_utils as ctu
 
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
     from llama_cpp_source import VERSION, llama_cpp_dir
 
     class FixedClock(datetime.datetime):

@@ -24,6 +24,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from gemma_cy.formats.packaged import cache_dir
+
 VERSION = "0.3.36"
 SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 FILENAME = f"llama_cpp_python-{VERSION}.tar.gz"
@@ -37,8 +39,8 @@ class Unreachable(Exception):
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gemma-cy" / f"llama-cpp-python-{VERSION}"
+    """This sdist's folder in gemma-cy's own cache directory."""
+    return cache_dir() / f"llama-cpp-python-{VERSION}"
 
 
 def _fetch(url: str, accept: str | None = None) -> bytes:

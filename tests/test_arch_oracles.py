@@ -60,7 +60,7 @@ Q8_TIE_GAP = 0.1
 # transformers and the model in float64): there its greedy ids may part from
 # transformers' at a step whose top-2 gap is under 2 sqrt(2) x 3e-3, and
 # gemma-cy gives transformers' ids (test_reference_matches_transformers).
-F32_TIE_GAPS = {"gemma4": 0.01, "gemma4_mixed": 0.01}
+F32_TIE_GAPS = {"gemma4": 0.01}  # (gemma4_mixed needs none: llama.cpp gives transformers' ids on 8/8)
 
 # a directory's architecture, where the GGUF differs
 GGUF_ARCH = {"llama3": "llama", "gemma4_moe": "gemma4", "gemma4_mixed": "gemma4", "gemma3_linear": "gemma3",

@@ -38,7 +38,7 @@ from __future__ import annotations
 from ..errors import ModelFormatError
 from .bpe_pre import PRE_TOKENIZERS, pre_tokenizer
 from .chat import template_from_gguf
-from .greedy import PieceTable, SpecialPieces, text_to_bytes
+from .greedy import AddedTokens, PieceTable, text_to_bytes
 
 # GGUF token types (llama.cpp's llama_token_type) a byte-level vocab may hold
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 2, 3, 4, 5
@@ -200,9 +200,7 @@ class BPETokenizer(PieceTable):
         self._token_ids = {out[i]: i for i in reversed(range(n))  # ignore_merges: whole NORMAL tokens
                            if int(types[i]) == TOKEN_NORMAL and all(ch in byte_of for ch in tokens[i])}
         self._cache: dict[bytes, list[int]] = {}
-        self._special_pieces = tuple(sorted({p.decode() for p, _ in special}, key=lambda p: (-len(p), p)))
-        self._always = SpecialPieces(always)
-        self._parsed = SpecialPieces(always + special)
+        self._added = AddedTokens(always, special)
 
     @classmethod
     def from_gguf(cls, path) -> BPETokenizer:
@@ -220,13 +218,13 @@ class BPETokenizer(PieceTable):
         control tokens written in the text become their ids (leftmost,
         longest first); the text between them is encoded on its own."""
         data = text_to_bytes(text)
-        return (self._parsed if parse_special else self._always).split(data, self._encode_plain)
+        return self._added.split(data, parse_special, self._encode_plain)
 
     def control_pieces(self) -> tuple[str, ...]:
         """The control tokens' spellings, longest first: what special parsing
         matches and a chat message's content may not smuggle in
         (PieceTable.control_pieces; USER_DEFINED tokens are text)."""
-        return self._special_pieces
+        return self._added.control_pieces
 
     def _encode_plain(self, data: bytes) -> list[int]:
         text = data.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 -> U+DC80..U+DCFF

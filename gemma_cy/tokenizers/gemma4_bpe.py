@@ -40,7 +40,7 @@ import re
 
 from ..errors import ModelFormatError
 from .bpe import check_vocab_sizes, merges_vocab_fields
-from .greedy import PieceTable, SpecialPieces, encode_utf8_runs, text_to_bytes
+from .greedy import AddedTokens, PieceTable, encode_utf8_runs, text_to_bytes
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # GGUF token types
 TOKEN_TYPES = (NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE)
@@ -127,9 +127,7 @@ class Gemma4Tokenizer(PieceTable):
         self._byte_ids = byte_ids
         self._rank_of = rank_of
         self._merged = merged
-        self._special_pieces = tuple(sorted({p.decode() for p, _ in special}, key=lambda p: (-len(p), p)))
-        self._always = SpecialPieces(always)
-        self._parsed = SpecialPieces(always + special)
+        self._added = AddedTokens(always, special)
 
     @classmethod
     def from_gguf(cls, path) -> Gemma4Tokenizer:
@@ -146,14 +144,14 @@ class Gemma4Tokenizer(PieceTable):
         """The markers special parsing matches (control tokens and the
         visible markers), longest first: what a chat message's content may
         not smuggle in (PieceTable.control_pieces)."""
-        return self._special_pieces
+        return self._added.control_pieces
 
     def encode(self, text: str | bytes, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``, without BOS. With ``parse_special`` the
         markers written in the text become their ids (leftmost, longest
         first); the text between them is encoded on its own."""
         data = text_to_bytes(text)
-        return (self._parsed if parse_special else self._always).split(data, self._encode_plain)
+        return self._added.split(data, parse_special, self._encode_plain)
 
     def _encode_plain(self, data: bytes) -> list[int]:
         """Ids of ``data``; bytes that are not UTF-8 become byte tokens (the unknown id without one)."""

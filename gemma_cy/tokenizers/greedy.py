@@ -155,6 +155,24 @@ class SpecialPieces:
         return ids
 
 
+class AddedTokens:
+    """The tokens a vocabulary matches whole before its own encoding (HF's
+    added tokens): ``always`` in any text (USER_DEFINED), ``special`` only
+    with special parsing (control tokens), each a list of (spelling, id).
+    ``split(data, parse_special, encode_plain)`` encodes ``data`` with them;
+    ``control_pieces`` are the special ones' spellings, longest first (what a
+    chat message's content may not smuggle in). Shared by the byte-level and
+    Gemma 4 BPE tokenizers."""
+
+    def __init__(self, always: list[tuple[bytes, int]], special: list[tuple[bytes, int]]) -> None:
+        self.control_pieces = tuple(sorted({p.decode() for p, _ in special}, key=lambda p: (-len(p), p)))
+        self._always = SpecialPieces(always)
+        self._parsed = SpecialPieces(always + special)
+
+    def split(self, data: bytes, parse_special: bool, encode_plain) -> list[int]:
+        return (self._parsed if parse_special else self._always).split(data, encode_plain)
+
+
 class PieceTable:
     """What every tokenizer shares once its pieces are known: id checks and
     decoding. A subclass sets ``vocab_size``, ``_out`` (id -> the bytes it
