@@ -22,6 +22,10 @@ class ParameterError(GemmaCyError, ValueError):
     """A generation or sampling parameter is outside its valid range."""
 
 
+class UnknownSettingError(ParameterError, TypeError):
+    """A keyword that is no generation setting (a TypeError, as Python's own for an unknown keyword)."""
+
+
 class ContextLengthError(GemmaCyError, ValueError):
     """The prompt does not fit in the context (KV cache)."""
 

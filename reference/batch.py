@@ -1,7 +1,7 @@
 """The reference engine with several sequences: one ReferenceEngine per slot.
 
     engine = ReferenceEngine(weights, max_cache_len, n_slots=n_slots).batch
-    a, b = engine.step([(0, prompt_ids, True), (1, [next_id], True)])
+    a, b = engine.step([(0, prompt_ids, Logits.LAST), (1, [next_id], Logits.LAST)])
 
 Each slot is a ReferenceEngine with its own KVCache over one shared copy of
 the dequantized weights; a step runs each segment on its slot's engine, one
@@ -15,7 +15,7 @@ import copy
 
 import numpy as np
 
-from gemma_cy.model.checks import WANT_ALL, CheckedBatchEngine, SlotPositions
+from gemma_cy.model.checks import CheckedBatchEngine, Logits, SlotPositions
 
 from .layers import KVCache
 
@@ -53,12 +53,12 @@ class ReferenceBatchEngine(CheckedBatchEngine):
                      (self.engines[src].cache.value_cache, self.engines[dst].cache.value_cache)):
             b[:, :n] = a[:, :n]
 
-    def _step(self, segments: list[tuple[int, list[int], bool]]) -> list[np.ndarray]:
+    def _step(self, segments: list[tuple[int, list[int], Logits]]) -> list[np.ndarray]:
         out = []
         for slot, ids, want in segments:
             engine = self.engines[slot]
             try:
-                logits = engine.logits_of(engine.states(ids)) if want == WANT_ALL else engine.prefill(ids)
+                logits = engine.logits_of(engine.states(ids)) if want == Logits.ALL else engine.prefill(ids)
             except ArithmeticError as e:  # NumericalError
                 raise type(e)(f"slot {slot}: {e}") from None
             if want:

@@ -52,7 +52,7 @@ def test_tiny_draft_model_is_plain_decoding(tiny_pair, data):
     plain, spec, a, b = with_draft(model, draft, prompt, processors, max_tokens=data.draw(st.integers(1, 40)),
                                    logprobs=2, terminate_on_eos=False, draft_max=data.draw(st.integers(1, 12)), **kw)
     assert_same(plain, spec, a, b)
-    assert draft.session.in_sync()  # its cache holds what its session says
+    assert draft.cache.in_sync()  # its KV cache holds what its SlotCache says
 
 
 def test_tiny_drafts_are_kept_and_cut(tiny_pair):

@@ -101,11 +101,11 @@ def test_ctrl_c_during_convert_leaves_no_partial_file(tmp_path):
 def test_ctrl_c_during_load_exits_130_in_one_line(tiny_model_path):
     result = python("""
         import sys
-        from gemma_cy import api
+        from gemma_cy import loading
         from gemma_cy.commands import cli
         def interrupted(*args, **kwargs):
             raise KeyboardInterrupt
-        api.open_tokenizer = interrupted
+        loading.open_tokenizer = interrupted
         sys.exit(cli.main(["--weights", sys.argv[1], "--prompt", "x"]))
     """, str(tiny_model_path))
     assert result.returncode == 130

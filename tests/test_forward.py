@@ -499,11 +499,11 @@ def test_running_where_the_ring_no_longer_reaches_is_refused():
 
 
 def test_a_chat_reusing_its_prefix_starts_over_when_the_ring_moved_on():
-    from gemma_cy.generation.session import Session
+    from gemma_cy.generation.slot_cache import SlotCache
     engine = FastEngine(cached_weights(RING, 2), 1024)
-    session = Session(engine)
+    cache = SlotCache(engine)
     engine.prefill(RING_IDS)
-    session.ids = list(RING_IDS)
-    assert session.reuse_prefix(RING_IDS[:650] + [1, 2]) == 650  # 646..649 still held
-    assert session.reuse_prefix(RING_IDS[:20] + [1]) == 0  # 16..19 were overwritten
-    assert session.ids == [] and engine.pos == 0
+    cache.ids = list(RING_IDS)
+    assert cache.reuse_prefix(RING_IDS[:650] + [1, 2]) == 650  # 646..649 still held
+    assert cache.reuse_prefix(RING_IDS[:20] + [1]) == 0  # 16..19 were overwritten
+    assert cache.ids == [] and engine.pos == 0

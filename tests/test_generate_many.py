@@ -136,7 +136,7 @@ def test_n_chat_replies(tiny_model_path):
         assert c.ids == other.chat_complete(messages, temperature=1.0, seed=1 + k, max_tokens=5).ids
 
 
-@pytest.mark.parametrize("kwargs, match", [({"n": 0}, "n = 0"), ({"n": 2, "rng": 1}, "seed, not rng"),
+@pytest.mark.parametrize("kwargs, match", [({"n": 0}, "n = 0"), ({"n": 2, "rng": gemma_cy.SplitMix64(1)}, "seed, not rng"),
                                            ({"n": True}, "n = True")])
 def test_bad_n_is_refused(tiny_model_path, kwargs, match):
     model = gemma_cy.load(tiny_model_path, max_cache_len=64, max_sequences=2)

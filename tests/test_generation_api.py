@@ -226,7 +226,7 @@ def test_messages_to_generate_point_to_chat(model):
 def test_chat_reuses_the_cache_of_the_earlier_turns(model):
     messages = [{"role": "user", "content": "hi"}]
     first = model.chat_complete(messages, max_tokens=4, temperature=0)
-    cached = list(model.session.ids)
+    cached = list(model.cache.ids)
     messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "more"}]
     gen = model.chat(messages, max_tokens=4, temperature=0)
     whole = model.chat_ids(messages)
@@ -237,7 +237,7 @@ def test_chat_reuses_the_cache_of_the_earlier_turns(model):
     assert out.prompt_ids == whole
     assert (out.timing.reused_tokens, out.timing.prefill_tokens) == (kept, len(whole) - kept)
     # the same turn from an empty cache gives the same greedy reply
-    model.session.reset()
+    model.cache.reset()
     fresh = model.chat_complete(messages, max_tokens=4, temperature=0)
     assert fresh.ids == out.ids and fresh.timing.reused_tokens == 0
 

@@ -127,7 +127,7 @@ def test_a_batch_sequence_joins_the_slot_that_holds_its_prefix(setup):
     model = model_of(setup, max_sequences=3)
     a, b = PROMPT, [9] * 5 + PROMPT[5:30]
     first = model.complete([a, b], temperature=0, max_tokens=4, terminate_on_eos=False)
-    slot_of = {tuple(s.ids[:5]): s.slot for s in model.sessions if s.ids}
+    slot_of = {tuple(s.ids[:5]): s.slot for s in model.slot_caches if s.ids}
     later = [b + first[1].ids + [4], a + first[0].ids + [7, 8], [1, 2, 3]]
     rows = []
     step = model.engine.batch.step
@@ -144,7 +144,7 @@ def test_a_batch_sequence_joins_the_slot_that_holds_its_prefix(setup):
             assert c.timing.reused_tokens == len(earlier) + 3  # prompt and 4 tokens, the last not run
     slot_a, slot_b = slot_of[tuple(a[:5])], slot_of[tuple(b[:5])]
     assert sorted(rows) == sorted([(slot_b, 2), (slot_a, 3), (3 - slot_a - slot_b, 3)])
-    assert model.sessions[slot_b].ids[:len(later[0])] == later[0]
+    assert model.slot_caches[slot_b].ids[:len(later[0])] == later[0]
 
 
 def test_a_batch_whose_slot_was_taken_over_names_the_slot():

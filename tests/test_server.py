@@ -215,11 +215,11 @@ def test_speculative_lookup_is_the_plain_reply(client, model):
 def test_the_servers_draft_is_each_requests_unless_it_says(model):
     """`serve --draft lookup` drafts for every request that does not set `speculative`."""
     from gemma_cy.server.protocol import ChatCompletionRequest
-    from gemma_cy.server.requests import sequence_keywords
+    from gemma_cy.server.requests import sequence_params
 
     ids = model.chat_ids(COPY_MESSAGES)
     for body, draft, want in (({}, None, None), ({}, "lookup", "lookup"), ({"speculative": "none"}, "lookup", None),
                               ({"speculative": "lookup"}, None, "lookup")):
         req = ChatCompletionRequest(messages=COPY_MESSAGES, **body)
-        kw = sequence_keywords(model, req, ids, 4, None, 0, draft)
-        assert kw.get("speculative") == want, (body, draft)
+        params = sequence_params(model, req, ids, 4, None, draft)
+        assert params.speculative == want, (body, draft)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import gemma_cy
 from gemma_cy.api import Model
 from gemma_cy.errors import ParameterError
+from gemma_cy.model.checks import Logits
 from gemma_cy.tokenizers.greedy import GreedyTokenizer
 from test_speculative import COPY, assert_same, copier, seen_logits
 
@@ -39,15 +40,15 @@ def test_a_block_of_every_position_is_what_one_engine_gives(tiny_batch):
         batch.reset(slot)
     batch.step([(s, p, False) for s, p in enumerate(prompts)])
     blocks = {1: rng.integers(3, vocab, 6).tolist(), 3: rng.integers(3, vocab, 70).tolist()}  # 70: two passes
-    out = batch.step([(0, [4], True), (1, blocks[1], "all"), (2, rng.integers(3, vocab, 12).tolist(), True),
-                      (3, blocks[3], "all")])
+    out = batch.step([(0, [4], Logits.LAST), (1, blocks[1], Logits.ALL),
+                      (2, rng.integers(3, vocab, 12).tolist(), Logits.LAST), (3, blocks[3], Logits.ALL)])
     assert out[0].shape == (vocab,) and out[1].shape == (6, vocab) and out[3].shape == (70, vocab)
     for slot, got in ((1, out[1]), (3, out[3])):
         engine.reset()
         engine.prefill(prompts[slot])
         want = engine.logits_of(engine.states(blocks[slot]))
         assert np.array_equal(bits(got), bits(want)), slot
-    with pytest.raises(ParameterError, match="want_logits"):
+    with pytest.raises(ParameterError, match="want = .some.: a Logits"):
         batch.step([(0, [4], "some")])
 
 

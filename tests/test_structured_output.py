@@ -222,7 +222,7 @@ def test_a_constraint_that_does_not_compile_is_refused_before_anything_runs(defa
         with pytest.raises(ParameterError) as e:
             call()
         assert needle in str(e.value) and "\n" not in str(e.value)
-    assert model.session.ids == []  # nothing ran
+    assert model.cache.ids == []  # nothing ran
 
 
 def test_every_tokenizer_gives_llguidance_its_bytes(default_model, tiny_model_path):

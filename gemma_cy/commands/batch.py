@@ -20,20 +20,17 @@ import sys
 from typing import Any
 
 from ..errors import GemmaCyError, ParameterError
-from ..generation.constraint import CONSTRAINT_KEYWORDS
+from ..generation.params import GenerationParams
 from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES, check_max_sequences
 from .flags import EXIT_ERROR, EXIT_INTERRUPTED, OneLineParser, UsageError, add_model_flags, int_flag, read_utf8
 
-# Request keys besides the sampling keywords (gemma_cy.api._SEQUENCE_KEYWORDS).
+# Request keys besides the settings (GenerationParams.from_json takes the rest).
 PROMPT_KEYS = ("prompt", "prompt_ids", "messages")
-JSON_KEYWORDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                 "frequency_penalty", "repeat_last_n", "seed", "stop", "terminate_on_eos", "speculative", "draft_max",
-                 *CONSTRAINT_KEYWORDS)
 MAX_LINE_BYTES = 16 << 20
 
 
-def parse_request(model, line: str) -> tuple[list[int], dict[str, Any], Any]:
-    """(prompt ids, keywords, id) of one input line; GemmaCyError (one line) if it cannot run."""
+def parse_request(model, line: str) -> tuple[list[int], GenerationParams, Any]:
+    """(prompt ids, settings, id) of one input line; GemmaCyError (one line) if it cannot run."""
     if len(line) > MAX_LINE_BYTES:
         raise ParameterError(f"line of {len(line)} characters: at most {MAX_LINE_BYTES}")
     try:
@@ -45,9 +42,7 @@ def parse_request(model, line: str) -> tuple[list[int], dict[str, Any], Any]:
     given = [k for k in PROMPT_KEYS if k in request]
     if len(given) != 1:
         raise ParameterError(f"give exactly one of {', '.join(PROMPT_KEYS)} (got {', '.join(given) or 'none'})")
-    unknown = sorted(set(request) - set(PROMPT_KEYS) - set(JSON_KEYWORDS) - {"id"})
-    if unknown:
-        raise ParameterError(f"unknown key {unknown[0]!r}")
+    params = GenerationParams.from_json({k: v for k, v in request.items() if k not in PROMPT_KEYS and k != "id"})
     if given[0] == "messages":
         ids = model.chat_ids(request["messages"])
     elif given[0] == "prompt_ids":
@@ -58,9 +53,8 @@ def parse_request(model, line: str) -> tuple[list[int], dict[str, Any], Any]:
         if not isinstance(request["prompt"], str):
             raise ParameterError("prompt must be a string")
         ids = model.prompt_ids(request["prompt"])
-    keywords = {k: request[k] for k in JSON_KEYWORDS if k in request}
-    model.check_sequence(ids, keywords)
-    return ids, keywords, request.get("id")
+    model.check(ids, params)
+    return ids, params, request.get("id")
 
 
 def result_record(index: int, request_id, generation) -> dict:
@@ -69,6 +63,9 @@ def result_record(index: int, request_id, generation) -> dict:
            "stop_reason": generation.stop_reason, "stop_string": generation.stop_string,
            "prompt_tokens": len(generation.prompt_ids), "completion_tokens": len(generation.generated_ids),
            "cached_tokens": t.reused_tokens, "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s}
+    if generation.top_logprobs is not None:  # asked for: each id's, and the likeliest alternatives'
+        out["logprobs"] = [{"id": lp.token_id, "logprob": lp.logprob, "top": [list(pair) for pair in lp.top]}
+                           for lp in generation.logprobs]
     return out if request_id is None else {"id": request_id, **out}
 
 
@@ -104,17 +101,17 @@ def run_batch(model, lines: list[str], out, progress=None) -> tuple[int, int]:
     order; returns (errors, results written). ``progress(done, total)``
     follows the requests."""
     writer = OrderedWriter(out, len(lines))
-    good: list[tuple[int, list[int], dict, Any]] = []
+    good: list[tuple[int, list[int], GenerationParams, Any]] = []
     errors = 0
     done = [0]
     for i, line in enumerate(lines):
         try:
-            ids, keywords, request_id = parse_request(model, line)
+            ids, params, request_id = parse_request(model, line)
         except GemmaCyError as e:
             writer.put(i, {"index": i, "error": str(e)})
             errors += 1
             continue
-        good.append((i, ids, keywords, request_id))
+        good.append((i, ids, params, request_id))
     if progress is not None:
         progress(len(lines) - len(good), len(lines))
     if not good:
@@ -127,7 +124,7 @@ def run_batch(model, lines: list[str], out, progress=None) -> tuple[int, int]:
         if progress is not None:
             progress(len(lines) - len(good) + done[0], len(lines))
 
-    run = model.run_many([ids for _, ids, _, _ in good], [kw for _, _, kw, _ in good], on_finish=finished)
+    run = model.run_many([ids for _, ids, _, _ in good], [params for _, _, params, _ in good], on_finish=finished)
     try:
         for _ in run:
             pass

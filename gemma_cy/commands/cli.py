@@ -12,8 +12,8 @@ import sys
 from typing import Sequence
 
 from ..generation.engines import ACTIVATION_MODES, DEFAULT_ENGINE, ENGINES, Q8_SPEED
-from ..generation.penalties import DEFAULT_REPEAT_LAST_N
-from ..generation.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE
+from ..generation.params import GenerationParams, cli_flags
+from ..generation.speculative import check_draft_max
 from ..errors import GemmaCyError, ParameterError
 from ..quant.affine import AffineTensor, Q4_KTensor
 from ..quant.ggml import Q4_1Tensor, Q5_0Tensor
@@ -51,31 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("-p", "--prompt", default=None,
                      help="prompt text (empty: just <bos>); default: piped stdin, or a chat on a terminal")
     src.add_argument("--prompt_ids", type=id_list_flag, help="comma-separated token ids instead of text")
-    p.add_argument("-n", "--n_dec", "--max_tokens", dest="n_dec", type=int_flag, default=250,
-                   help="tokens to generate (default 250)")
-    p.add_argument("--temp", "--temperature", dest="temp", type=float_flag, default=DEFAULT_TEMPERATURE,
-                   help=f"temperature; 0 = greedy (default {DEFAULT_TEMPERATURE})")
-    p.add_argument("--minp", "--min_p", dest="minp", type=float_flag, default=DEFAULT_MIN_P,
-                   help=f"Min-P in [0, 1]; 0 = off (default {DEFAULT_MIN_P})")
-    p.add_argument("--topk", "--top_k", dest="topk", type=int_flag, default=0,
-                   help="keep the k most likely tokens (default 0 = off)")
-    p.add_argument("--topp", "--top_p", dest="topp", type=float_flag, default=1.0,
-                   help="nucleus sampling mass in (0, 1] (default 1 = off)")
-    p.add_argument("--repeat_penalty", type=float_flag, default=1.0,
-                   help="divide positive / multiply negative logits of recent tokens (default 1 = off)")
-    p.add_argument("--presence_penalty", type=float_flag, default=0.0,
-                   help="subtract from the logits of recent tokens (default 0 = off)")
-    p.add_argument("--frequency_penalty", type=float_flag, default=0.0,
-                   help="subtract times the count of each recent token (default 0 = off)")
-    p.add_argument("--repeat_last_n", type=int_flag, default=DEFAULT_REPEAT_LAST_N,
-                   help=f"how many recent tokens the penalties look at (default {DEFAULT_REPEAT_LAST_N})")
-    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                   help="end the text where TEXT appears (not printed); repeatable")
+    for names, options in cli_flags():  # the generation settings (GenerationParams' fields)
+        if "type" in options:
+            options["type"] = float_flag if options["type"] is float else int_flag
+        p.add_argument(*names, **options)
     p.add_argument("--max_cache_len", type=int_flag, default=8192,
                    help="KV cache length; context = min(this, model max) (default 8192)")
-    p.add_argument("-s", "--seed", type=int_flag, default=0, help="sampler seed (SplitMix64), default 0")
-    p.add_argument("--terminate_on_eos", type=int_flag, default=1, choices=(0, 1),
-                   help="stop at <eos>/<end_of_turn> (default 1)")
     p.add_argument("--chat_format", type=int_flag, default=0, choices=(0, 1),
                    help="wrap the prompt in the model's chat template (the file's own, or Gemma's / ChatML)")
     p.add_argument("--system", default=None, help="a system message for the chat (with --chat_format 1 or "
@@ -93,7 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="speculative decoding: draft ids by prompt lookup ('lookup'; faster when the reply "
                         "repeats the prompt) or with a smaller model of the same vocabulary (its file), and check "
                         "them in one block; the output is plain decoding's, id for id")
-    p.add_argument("--draft_max", type=int_flag, default=None, help="ids drafted at most per block (default 7)")
     shape = p.add_argument_group("structured output (at most one; docs/structured_output.md)")
     shape.add_argument("--json_schema", metavar="FILE|JSON",
                        help="the reply is JSON matching this schema (a file, or the schema itself)")
@@ -135,32 +115,23 @@ def constraint_kwargs(args) -> dict:
 
 
 def check_values(args) -> None:
-    """Every flag value in range, or ParameterError (a usage error: exit 2)."""
-    from ..generation.penalties import Penalties
-    from ..generation.sampling import Sampler
-    from ..generation.speculative import check_speculative
-    from ..generation.stops import check_stop_strings
-
-    if args.n_dec < 0:
-        raise ParameterError(f"--n_dec = {args.n_dec}, must be >= 0")
+    """Every flag value in range, or ParameterError (a usage error: exit 2):
+    ``args.params`` the GenerationParams the flags give."""
     if args.max_cache_len <= 0:
         raise ParameterError(f"--max_cache_len = {args.max_cache_len}, must be > 0")
-    Sampler(temperature=args.temp, min_p=args.minp, top_k=args.topk, top_p=args.topp, seed=args.seed)
-    Penalties(args.repeat_penalty, args.presence_penalty, args.frequency_penalty, args.repeat_last_n)
-    check_stop_strings(args.stop)
-    args.constraint = constraint_kwargs(args)
-    check_speculative(None if args.draft is None else "lookup", args.draft_max)
+    draft_model = args.draft not in (None, "lookup")  # its draft_max is set once it is loaded (run)
+    if draft_model and args.draft_max is not None:
+        check_draft_max(args.draft_max)
+    try:
+        args.params = GenerationParams.from_flags(args, speculative="lookup" if args.draft == "lookup" else None,
+                                                  draft_max=None if draft_model else args.draft_max,
+                                                  **constraint_kwargs(args))
+    except ParameterError as e:  # named by its flag, as typed: "--n_dec: max_tokens = -1, ..."
+        flag = {options["dest"]: next(n for n in names if n.startswith("--")) for names, options in cli_flags()}
+        name = str(e).replace(":", " ").split(" ", 1)[0]
+        raise ParameterError(f"{flag[name]}: {e}" if name in flag else str(e)) from None
     if args.system is not None and (args.prompt_ids is not None or (args.prompt is not None and not args.chat_format)):
         raise ParameterError("--system needs --chat_format 1 with a text prompt, or the interactive chat")
-
-
-def sampling_kwargs(args) -> dict:
-    """The generate() keywords the flags give."""
-    return dict(n_dec=args.n_dec, temperature=args.temp, min_p=args.minp, top_k=args.topk, top_p=args.topp,
-                seed=args.seed, repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
-                frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n, stop=args.stop,
-                speculative="lookup" if getattr(args, "draft", None) == "lookup" else None,
-                draft=getattr(args, "draft_model", None), draft_max=getattr(args, "draft_max", None))
 
 
 def tensor_kind(t) -> str:
@@ -261,6 +232,7 @@ def chat_loop(model, args, read_line=input, out=None) -> int:
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)
     rng = SplitMix64(args.seed)  # one stream for the session: a turn draws on from where the last stopped
+    params = args.params if hasattr(args, "params") else GenerationParams.from_flags(args)
     while True:
         try:
             line = read_line("> ")
@@ -276,7 +248,7 @@ def chat_loop(model, args, read_line=input, out=None) -> int:
         if len(model.chat_ids(messages)) >= model.context_len:
             sys.stderr.write(f"(context of {model.context_len} tokens is full: starting a new chat)\n")
             messages = start + [messages[-1]]
-        gen = model.chat(messages, rng=rng, **sampling_kwargs(args), **getattr(args, "constraint", {}))
+        gen = model.chat(messages, params, rng=rng)
         try:
             for step in gen:
                 out.write(step.text)
@@ -310,7 +282,8 @@ def run(args) -> int:
     if args.draft not in (None, "lookup"):  # a draft model: the same engine and context as the model
         args.draft_model = api.load(args.draft, engine=args.engine, max_cache_len=args.max_cache_len,
                                     activations=args.activations)
-        model.draft_for(draft=args.draft_model)  # ParameterError now if its vocabulary is not the model's
+        args.params = args.params.replace(draft=args.draft_model, draft_max=args.draft_max)
+        model.draft_for(args.params)  # ParameterError now if its vocabulary is not the model's
     if args.dump:
         dump_model(model, sys.stdout)
         return 0
@@ -325,10 +298,9 @@ def run(args) -> int:
     prompt = prompt_source(args, sys.stdin.buffer if interactive else None)
     ids = model.prompt_ids(prompt, chat_format=bool(args.chat_format), parse_special=bool(args.parse_special),
                            system=args.system if args.chat_format else None)
-    gen = model.generate(ids, terminate_on_eos=bool(args.terminate_on_eos), **sampling_kwargs(args),
-                         **getattr(args, "constraint", {}))
-    if gen.max_new_tokens < args.n_dec:
-        sys.stderr.write(f"warning: --n_dec {args.n_dec} clamped to {gen.max_new_tokens}: prompt "
+    gen = model.generate(ids, args.params)
+    if gen.max_new_tokens < args.max_tokens:
+        sys.stderr.write(f"warning: --n_dec {args.max_tokens} clamped to {gen.max_new_tokens}: prompt "
                          f"{len(ids)} + n_dec would pass the context of {model.context_len}\n")
     code = 0
     try:

@@ -1,7 +1,7 @@
 """The fast engine with several sequences: one pass over the weights for all of them.
 
     engine = FastBatchEngine(weights, max_cache_len, n_slots)
-    a, b = engine.step([(0, prompt_ids, True), (1, [next_id], True)])
+    a, b = engine.step([(0, prompt_ids, Logits.LAST), (1, [next_id], Logits.LAST)])
 
 Each slot is one sequence with its own KV cache (FastModel's slots, in one
 lazily filled map: a slot takes memory only as it fills). A step packs the
@@ -19,7 +19,7 @@ import numpy as np
 
 from . import ops
 from ..errors import TokenIndexError
-from ..model.checks import WANT_ALL, CheckedBatchEngine, SlotPositions, cache_length, non_finite_error
+from ..model.checks import CheckedBatchEngine, Logits, SlotPositions, cache_length, non_finite_error
 from ..model.weights import Weights
 
 
@@ -64,7 +64,7 @@ class FastBatchEngine(CheckedBatchEngine):
     def _copy(self, src: int, dst: int) -> None:
         self.model.copy_slot(src, dst, self.pos[src])
 
-    def _step(self, segments: list[tuple[int, list[int], int]]) -> list[np.ndarray]:
+    def _step(self, segments: list[tuple[int, list[int], Logits]]) -> list[np.ndarray]:
         for slot, _, _ in segments:
             if not self.model.resumable(self.pos[slot], slot):
                 raise TokenIndexError(f"slot {slot}: position {self.pos[slot]} cannot be run again: the "
@@ -78,20 +78,20 @@ class FastBatchEngine(CheckedBatchEngine):
                 if take > 0:
                     last = done[i] + take == len(ids)
                     call.append((slot, ids[done[i]:done[i] + take],
-                                 WANT_ALL if want == WANT_ALL else int(bool(want) and last)))
+                                 want if want == Logits.ALL else Logits(want == Logits.LAST and last)))
                     which.append(i)
                     done[i] += take
                     room -= take
             logits, at = self._run_pass(call), 0
             for i, (_, part, want) in zip(which, call):
-                n = len(part) if want == WANT_ALL else want
+                n = len(part) if want == Logits.ALL else int(want)
                 if n:
                     rows[i].append(logits[at:at + n])
                     at += n
-        return [got[0][0] if want == 1 else np.concatenate(got)
+        return [got[0][0] if want == Logits.LAST else np.concatenate(got)
                 for (_, _, want), got in zip(segments, rows) if want]
 
-    def _run_pass(self, call: list[tuple[int, list[int], int]]) -> np.ndarray:
+    def _run_pass(self, call: list[tuple[int, list[int], Logits]]) -> np.ndarray:
         """One block: the segments' rows in one forward pass; the logits
         (n, vocab) of the rows their ``want`` asks for, in order."""
         ids = np.array([t for _, seg, _ in call for t in seg], dtype=np.int32)
@@ -113,4 +113,4 @@ class FastBatchEngine(CheckedBatchEngine):
                                              self.config.n_layers)
                     raise type(error)(f"slot {slot}: {error}")
                 row += len(seg)
-        return self.model.batch_logits[:int(sum(len(seg) if w == WANT_ALL else w for _, seg, w in call))].copy()
+        return self.model.batch_logits[:int(sum(len(seg) if w == Logits.ALL else int(w) for _, seg, w in call))].copy()

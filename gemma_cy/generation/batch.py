@@ -4,7 +4,7 @@
 Each sequence is an ordinary ``Generation`` (the same sampler, penalties,
 processors, stop strings and stop reasons as one run alone) on one slot of
 a batch engine (``SlotEngine``). Instead of running its own engine calls,
-the scheduler drives each generation's ``machine()``: every step it takes
+the scheduler drives each generation's ``steps()``: every step it takes
 the decode request of every running sequence and, in the room left in one
 pass of the forward pass, the next chunk of a waiting prompt, runs them
 all in one ``step`` of the batch engine, and sends each sequence its
@@ -15,7 +15,7 @@ the step, every position's logits sent back, as a decode row is.
 Each one's tokens are those it gets alone (docs/numerics.md#batch-invariance).
 Sequences with the same prompt (``n`` samples of one prompt) that run at
 the same time prefill it once: the others take a copy of its KV cache and
-logits. Each slot's cache outlives its sequence (``Session``): a sequence
+logits. Each slot's cache outlives its sequence (``SlotCache``): a sequence
 joins the free slot whose cache shares the longest prefix with its prompt
 and runs only the rest (a conversation's next turn, a prompt that extends
 an earlier one).
@@ -29,8 +29,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..errors import ParameterError
-from .generator import Completion, Forward, Generation, Step
-from .session import Session
+from ..model.checks import Logits
+from .generator import Completion, LogitsRequest, Generation, Step
+from .slot_cache import SlotCache
 
 DEFAULT_ROWS_PER_STEP = 64  # for an engine that does not say (the reference)
 
@@ -38,7 +39,7 @@ DEFAULT_ROWS_PER_STEP = 64  # for an engine that does not say (the reference)
 class SlotEngine:
     """Slot ``slot`` of a batch engine with the one-sequence engine interface
     (``config``, ``cache_len``, ``pos``, ``reset``, ``rewind``, ``prefill``,
-    ``decode``): what a Generation and a Session need."""
+    ``decode``): what a Generation and a SlotCache need."""
 
     def __init__(self, batch, slot: int):
         self.batch, self.slot = batch, slot
@@ -56,11 +57,11 @@ class SlotEngine:
 
     def prefill(self, ids: Sequence[int], observer=None) -> np.ndarray:
         _no_observer(observer)
-        return self.batch.step([(self.slot, ids, True)])[0]
+        return self.batch.step([(self.slot, ids, Logits.LAST)])[0]
 
     def decode(self, token: int, observer=None) -> np.ndarray:
         _no_observer(observer)
-        return self.batch.step([(self.slot, [token], True)])[0]
+        return self.batch.step([(self.slot, [token], Logits.LAST)])[0]
 
 
 def _no_observer(observer) -> None:
@@ -70,34 +71,34 @@ def _no_observer(observer) -> None:
 
 @dataclass
 class _Running:
-    """A sequence in a slot: its generation, its machine, and the request it waits on."""
+    """A sequence in a slot: its generation, its steps, and the request it waits on."""
 
     index: int
     generation: Generation
-    machine: Iterator
-    request: Forward
-    fed: int = 0  # ids of a prefill request already run
-    followers: list[int] = field(default_factory=list)  # slots whose sequences share this prompt, waiting on it
-    leader: int | None = None  # the slot whose prefill this sequence waits on
+    steps: Iterator
+    request: LogitsRequest
+    prefilled: int = 0  # ids of a prefill request already run
+    copies_to: list[int] = field(default_factory=list)  # slots whose sequences have this prompt and wait on its run
+    waits_on: int | None = None  # the slot running this sequence's prompt, whose cache it takes when done
 
 
 class Scheduler:
     """Continuous batching over ``batch``'s slots: ``add`` a sequence at any
     time (it waits for a free slot, in order), ``cancel`` one, and ``step``
     advances every running sequence by one pass of the forward pass,
-    yielding ``(index, Step)`` as tokens come. ``sessions[s]`` is slot s's
+    yielding ``(index, Step)`` as tokens come. ``slot_caches[s]`` is slot s's
     cache and owner (None: fresh ones, for this scheduler alone);
     ``on_finish(index)`` is called as each sequence ends (cancelled ones too)."""
 
-    def __init__(self, batch, sessions: list[Session] | None = None,
+    def __init__(self, batch, slot_caches: list[SlotCache] | None = None,
                  on_finish: Callable[[int], None] | None = None):
         self.batch = batch
-        self.sessions = sessions if sessions is not None else \
-            [Session(SlotEngine(batch, s), s) for s in range(batch.n_slots)]
+        self.slot_caches = slot_caches if slot_caches is not None else \
+            [SlotCache(SlotEngine(batch, s), s) for s in range(batch.n_slots)]
         self.on_finish = on_finish
         self.rows = getattr(batch, "rows_per_pass", DEFAULT_ROWS_PER_STEP)
         self.generations: list[Generation | None] = []  # sequence i's, None until it joins (or if cancelled first)
-        self._makers: list[Callable[[SlotEngine, Session, int], Generation] | None] = []
+        self._makers: list[Callable[[SlotEngine, SlotCache, int], Generation] | None] = []
         self._prompts: list[list[int]] = []
         self.waiting: deque[int] = deque()
         self.free: deque[int] = deque(range(batch.n_slots))
@@ -108,8 +109,8 @@ class Scheduler:
         """True while a sequence waits or runs."""
         return bool(self.waiting or self.running)
 
-    def add(self, prompt: list[int], maker: Callable[[SlotEngine, Session, int], Generation]) -> int:
-        """Queue a sequence: ``maker(engine, session, reused)`` makes its
+    def add(self, prompt: list[int], maker: Callable[[SlotEngine, SlotCache, int], Generation]) -> int:
+        """Queue a sequence: ``maker(engine, cache, reused)`` makes its
         Generation of ``prompt`` when it joins a slot. Returns its index."""
         self._prompts.append(list(prompt))
         self._makers.append(maker)
@@ -127,13 +128,13 @@ class Scheduler:
             return
         for slot, seq in list(self.running.items()):
             if seq.index == index:
-                if seq.leader is not None:  # its leader must not copy into the slot once another has it
-                    self.running[seq.leader].followers.remove(slot)
-                seq.machine.close()
+                if seq.waits_on is not None:  # that slot must not copy into this one once another has it
+                    self.running[seq.waits_on].copies_to.remove(slot)
+                seq.steps.close()
                 seq.generation.stop_reason = "cancelled"
                 self._leave(slot, seq)
-                for follower in seq.followers:  # they wait on a prefill that will not finish: run their own
-                    self.running[follower].leader = None
+                for other in seq.copies_to:  # they wait on a prefill that will not finish: run their own
+                    self.running[other].waits_on = None
                 return
 
     def forget(self, index: int) -> None:
@@ -148,21 +149,21 @@ class Scheduler:
         self._join()
         running, batch = self.running, self.batch
         for seq in running.values():  # GenerationStateError (naming the slot) if another took it over
-            seq.generation.session.check(seq.generation)
+            seq.generation.cache.check(seq.generation)
         segments, room = [], self.rows
         for slot, seq in running.items():  # every decoding sequence: one row, or its speculative block
             if seq.request.all_logits:
-                segments.append((slot, seq.request.ids, "all"))
+                segments.append((slot, seq.request.ids, Logits.ALL))
                 room -= len(seq.request.ids)
             elif not seq.request.prefill:
-                segments.append((slot, seq.request.ids, True))
+                segments.append((slot, seq.request.ids, Logits.LAST))
                 room -= 1
         for slot, seq in running.items():  # then prompts, as much as one pass has room for
-            if seq.request.prefill and not seq.request.all_logits and seq.leader is None and room > 0:
-                part = seq.request.ids[seq.fed:seq.fed + room]
-                seq.fed += len(part)
+            if seq.request.prefill and not seq.request.all_logits and seq.waits_on is None and room > 0:
+                part = seq.request.ids[seq.prefilled:seq.prefilled + room]
+                seq.prefilled += len(part)
                 room -= len(part)
-                segments.append((slot, part, seq.fed == len(seq.request.ids)))
+                segments.append((slot, part, Logits(seq.prefilled == len(seq.request.ids))))
         if not segments:
             return
         outs = iter(batch.step(segments))
@@ -171,12 +172,12 @@ class Scheduler:
                 continue
             logits = next(outs)
             seq = running[slot]
-            shared = [(f, running[f]) for f in seq.followers]
-            for follower, _ in shared:  # the same prompt: the same cache and logits, copied
-                batch.copy(slot, follower)
-            seq.followers = []
+            shared = [(other, running[other]) for other in seq.copies_to]
+            for other, _ in shared:  # the same prompt: the same cache and logits, copied
+                batch.copy(slot, other)
+            seq.copies_to = []
             for s, sq in [(slot, seq)] + shared:
-                sq.leader = None
+                sq.waits_on = None
                 for step in self._advance(sq, logits if sq is seq else logits.copy()):
                     yield sq.index, step
                 if sq.request is None:  # finished: leave
@@ -187,18 +188,18 @@ class Scheduler:
             i = self.waiting.popleft()
             slot = self._slot_for(self._prompts[i], self.free)
             self.free.remove(slot)
-            session = self.sessions[slot]
-            reused = session.reuse_prefix(self._prompts[i])
-            generation = self._makers[i](SlotEngine(self.batch, slot), session, reused)
+            cache = self.slot_caches[slot]
+            reused = cache.reuse_prefix(self._prompts[i])
+            generation = self._makers[i](SlotEngine(self.batch, slot), cache, reused)
             self._makers[i] = None
             self.generations[i] = generation
             generation._started = True
-            machine = generation.machine()
-            seq = self.running[slot] = _Running(i, generation, machine, next(machine))
-            leader = self._same_prompt(self.running, seq)
-            if leader is not None:  # the prompt is being run already: take its cache when it is done
-                seq.leader = leader
-                self.running[leader].followers.append(slot)
+            steps = generation.steps()
+            seq = self.running[slot] = _Running(i, generation, steps, next(steps))
+            runner = self._same_prompt(self.running, seq)
+            if runner is not None:  # the prompt is being run already: take its cache when it is done
+                seq.waits_on = runner
+                self.running[runner].copies_to.append(slot)
 
     def _leave(self, slot: int, seq: _Running) -> None:
         del self.running[slot]
@@ -214,9 +215,9 @@ class Scheduler:
         one that no unfinished generation (a ``generate`` left open) holds
         first; on a tie, the one free the longest."""
         def rank(s: int):
-            owner = self.sessions[s].owner
+            owner = self.slot_caches[s].owner
             idle = owner is None or getattr(owner, "finished", True)
-            return idle, self.sessions[s].shared_prefix(prompt), -free.index(s)
+            return idle, self.slot_caches[s].shared_prefix(prompt), -free.index(s)
         return max(free, key=rank)
 
     @staticmethod
@@ -224,7 +225,7 @@ class Scheduler:
         """The slot of a running sequence whose prompt, still to finish its
         prefill, is ``seq``'s own, or None."""
         for slot, other in running.items():
-            if other is not seq and other.leader is None and other.request is not None \
+            if other is not seq and other.waits_on is None and other.request is not None \
                     and other.request.prompt and other.generation.prompt_ids == seq.generation.prompt_ids:
                 return slot
         return None
@@ -234,16 +235,16 @@ class Scheduler:
         """Send ``seq`` its logits and pass on its Steps up to its next request
         (``seq.request`` None when it has ended). GenerationStateError if
         another generation took its slot over meanwhile."""
-        seq.generation.session.check(seq.generation)
+        seq.generation.cache.check(seq.generation)
         try:
-            value = seq.machine.send(logits)
+            value = seq.steps.send(logits)
             while isinstance(value, Step):
                 yield value
-                value = next(seq.machine)
+                value = next(seq.steps)
         except StopIteration:
             seq.request = None
             return
-        seq.request, seq.fed = value, 0
+        seq.request, seq.prefilled = value, 0
 
 
 class BatchGeneration:
@@ -251,15 +252,15 @@ class BatchGeneration:
     as tokens arrive, from whichever sequence made them; ``generations[i]``
     is sequence i's Generation (None until it joined) with its text,
     stop_reason and timing; ``complete()`` runs to the end and returns the
-    Completions in the order of the prompts. ``makers[i](engine, session,
+    Completions in the order of the prompts. ``makers[i](engine, cache,
     reused)`` makes sequence i's Generation of ``prompts[i]`` (Scheduler)."""
 
-    def __init__(self, batch, makers: list[Callable[[SlotEngine, Session, int], Generation]],
-                 prompts: list[list[int]], sessions: list[Session] | None = None,
+    def __init__(self, batch, makers: list[Callable[[SlotEngine, SlotCache, int], Generation]],
+                 prompts: list[list[int]], slot_caches: list[SlotCache] | None = None,
                  on_finish: Callable[[int], None] | None = None):
         if len(prompts) != len(makers):
             raise ParameterError(f"{len(makers)} sequences and {len(prompts)} prompts")
-        self.scheduler = Scheduler(batch, sessions, on_finish)
+        self.scheduler = Scheduler(batch, slot_caches, on_finish)
         for prompt, maker in zip(prompts, makers):
             self.scheduler.add(prompt, maker)
         self._iterator = self._run()

@@ -35,6 +35,7 @@ CONSTRAINT_KEYWORDS = ("response_format", "json_schema", "regex", "grammar", "ch
 # max_tokens (measured: 38 of 150 Gemma 3 replies); a schema's own
 # "x-guidance" options override this (docs/structured_output.md#json-layout).
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CACHED_GRAMMARS = 32  # compiled grammars a model keeps (a JSON Schema's takes milliseconds to seconds)
 INSTALL = "pip install llguidance (or 'gemma-cy[structured]')"
 
 
@@ -193,6 +194,7 @@ class ConstraintCompiler:
     def __init__(self, tokenizer, vocab_size: int, stop_ids: Sequence[int]) -> None:
         self._tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, sorted(stop_ids)
         self._lltokenizer = None
+        self._compiled: dict[ConstraintSpec, object] = {}  # spec -> its matcher, never fed a token
 
     @property
     def lltokenizer(self):
@@ -204,11 +206,18 @@ class ConstraintCompiler:
         return self._lltokenizer
 
     def compile(self, spec: ConstraintSpec) -> Constraint:
-        llg = _llguidance()
-        matcher = llg.LLMatcher(self.lltokenizer, grammar_text(spec), log_level=0)
-        if matcher.is_error():
-            raise ParameterError(f"{spec.source}: {_one_line(matcher.get_error())}")
-        return Constraint(matcher, self.vocab_size)
+        """A fresh Constraint of ``spec``: a copy of its matcher, compiled
+        the first time the spec is seen (the last ``CACHED_GRAMMARS`` kept),
+        so checking a request and running its samples compile it once."""
+        matcher = self._compiled.pop(spec, None)
+        if matcher is None:
+            matcher = _llguidance().LLMatcher(self.lltokenizer, grammar_text(spec), log_level=0)
+            if matcher.is_error():
+                raise ParameterError(f"{spec.source}: {_one_line(matcher.get_error())}")
+        self._compiled[spec] = matcher  # the most recently used last
+        while len(self._compiled) > CACHED_GRAMMARS:
+            del self._compiled[next(iter(self._compiled))]
+        return Constraint(matcher.deep_copy(), self.vocab_size)
 
 
 def _one_line(error) -> str:

@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+import os
+
 from ..errors import ParameterError
 from ..model.checks import ACTIVATION_MODES, cache_length, check_activation_mode
 from ..model.weights import Weights
@@ -18,6 +20,43 @@ DEFAULT_ENGINE = "fast"
 Q8_SPEED = ("prefill ~1.6x faster with AVX-512 VNNI, ~1.2x with AVX2; decode about equal with AVX-512 VNNI, "
             "~1.6x faster with AVX2: each module on one Zen 4, 2026-12-06")
 __all__ = ["ACTIVATION_MODES", "DEFAULT_ENGINE", "ENGINES", "Q8_SPEED", "make_engine"]
+
+
+# Slots a model has when not told (load's max_sequences=None): a list of up to
+# this many prompts (or n samples) decodes together, each step one pass over
+# the weights; beyond ~8 the aggregate gains little on one core (its
+# lm_head product is per sequence: docs/benchmarks.md#batched-decode).
+DEFAULT_MAX_SEQUENCES = 8
+MEMORY_SHARE = 0.5  # of the memory available at load that full caches of every default slot may take
+
+
+def sequence_cache_bytes(config, cache_len: int) -> int:
+    """The most one sequence's keys and values can take: every layer's
+    ``cache_len`` rows of the model's kv width in f32 (an upper bound: a
+    sliding-window layer keeps fewer rows)."""
+    return config.n_layers * cache_len * config.kv_dim * 4 * 2
+
+
+def available_memory() -> int:
+    """MemAvailable of /proc/meminfo in bytes (the physical memory where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_max_sequences(config, cache_len: int) -> int:
+    """The slots of a model loaded without ``max_sequences``: up to
+    DEFAULT_MAX_SEQUENCES, as many as fit MEMORY_SHARE of the available
+    memory with every cache full. A slot's cache is a lazily filled map
+    (docs/architecture.md#batching): it takes memory only as its positions
+    fill, so a model that never batches pays nothing for them."""
+    budget = int(available_memory() * MEMORY_SHARE)
+    return max(1, min(DEFAULT_MAX_SEQUENCES, budget // max(1, sequence_cache_bytes(config, cache_len))))
 
 
 def check_max_sequences(max_sequences) -> int:

@@ -244,3 +244,73 @@ def evaluate(engine, ids: Sequence[int], ctx: int, bos_id: int | None, baseline=
             while parts and total > keep:
                 total -= len(parts.pop())
     return tally.result(len(ids), ctx, done, baseline_name if baseline is not None else None, interrupted)
+
+
+def evaluate_model(model, text_or_ids, ctx: int = 512, chunks: int | None = None, against=None,
+                   per_layer: bool = False, per_layer_positions: int = 64, progress=None) -> Evaluation:
+    """``Model.evaluate``: perplexity of ``model`` over a text or ids, and,
+    with ``against``, what it costs against a baseline (``baseline_of``);
+    ``per_layer``: every op of every layer judged on the same inputs over the
+    first ``per_layer_positions`` positions of the first chunk."""
+    ids = model.tokenize(text_or_ids) if isinstance(text_or_ids, (str, bytes)) else model.prompt_ids(text_or_ids)
+    check_ctx(ctx, len(ids), model.context_len)
+    baseline, name = baseline_of(model, against, text_or_ids, ids, ctx)
+    if per_layer and baseline is None:
+        raise ParameterError("per_layer needs a baseline to judge against (against=...)")
+    if per_layer and (isinstance(per_layer_positions, bool) or not isinstance(per_layer_positions, int)
+                      or not 1 <= per_layer_positions <= ctx):
+        raise ParameterError(f"per_layer_positions = {per_layer_positions!r}, must be in [1, ctx {ctx}]")
+    model.cache.reset()
+    bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
+    result = evaluate(model.engine, ids, ctx, bos, baseline, name, chunks, progress)
+    if per_layer and not result.interrupted:
+        first = list(ids[:per_layer_positions])
+        if bos is not None:
+            first[0] = bos
+        result.per_layer = per_layer_table(model, against, first)
+    model.cache.reset()
+    return result
+
+
+def _is_model(against) -> bool:
+    return not isinstance(against, str) and hasattr(against, "engine") and hasattr(against, "weights")
+
+
+def per_layer_table(model, against, ids: list[int]) -> list[dict]:
+    """The per-op table: an engine observed, a reference engine judging on its inputs."""
+    from gemma_cy_reference.model import ReferenceEngine
+    from .local_error import per_op_table
+
+    activations = getattr(model.engine, "activations", "f32")
+    if _is_model(against):  # this model's ops on the baseline's inputs
+        judge = ReferenceEngine(model.weights, len(ids), activations)
+        return per_op_table(against.engine, judge, ids, model.weights, against.weights)
+    judge_mode = against if against in ("f32", "q8") else activations  # the baseline's ops on this model's inputs
+    judge = ReferenceEngine(model.weights, len(ids), judge_mode)
+    return per_op_table(model.engine, judge, ids, model.weights)
+
+
+def baseline_of(model, against, text_or_ids, ids, ctx):
+    """(engine, name) of the baseline ``against`` names: another Model of
+    the same vocabulary, "reference" (this file on the NumPy engine), "f32"
+    or "q8" (this file in that activation mode); (None, None) for none."""
+    from .engines import make_engine
+
+    if against is None:
+        return None, None
+    if _is_model(against):
+        if against.config.vocab_size != model.config.vocab_size:
+            raise ParameterError(f"against: its vocabulary has {against.config.vocab_size} tokens, this "
+                                 f"model's {model.config.vocab_size}: the two cannot be compared")
+        if isinstance(text_or_ids, (str, bytes)) and against.tokenize(text_or_ids) != ids:
+            raise ParameterError("against: the two models tokenize the text differently (another vocabulary)")
+        if against.context_len < ctx:
+            raise ParameterError(f"against: its context of {against.context_len} tokens is less than ctx {ctx}")
+        against.cache.reset()
+        return against.engine, against.weights.source or "the other model"
+    activations = getattr(model.engine, "activations", "f32")
+    if against == "reference":
+        return make_engine("reference", model.weights, ctx, activations), "reference engine"
+    if against in ("f32", "q8"):
+        return make_engine(model.engine_name, model.weights, ctx, against), f"{against} activations"
+    raise ParameterError(f"against = {against!r}: expected a Model, 'reference', 'f32' or 'q8'")

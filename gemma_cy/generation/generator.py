@@ -10,7 +10,7 @@ Stop reasons (``Generation.stop_reason``, docs/generation.md#stop-reasons):
   "grammar"     the constraint (structured output) is complete: the model
                 chose end-of-sequence where the grammar allowed it (not
                 printed), or the grammar takes no further token
-  "max_tokens"  n_dec tokens were generated
+  "max_tokens"  max_tokens tokens were generated
   "length"      the context (KV cache) is full: prompt + generated == cache_len
   "interrupted" the generation started but has not finished: the caller
                 stopped iterating (``break``, Ctrl-C) and may still resume it
@@ -30,7 +30,7 @@ from .speculative import Draft
 from .logprobs import TokenLogprob, check_top_logprobs, token_logprob
 from .penalties import Penalties
 from .sampling import Sampler
-from .session import Session
+from .slot_cache import SlotCache
 from .stops import StopStrings, check_stop_strings
 
 LogitsProcessor = Callable[[list, np.ndarray], np.ndarray]
@@ -48,7 +48,7 @@ class Engine(Protocol):
 
 
 @dataclass(frozen=True)
-class Forward:
+class LogitsRequest:
     """What a generation asks of its engine between Steps: run ``ids`` at the
     next positions (``prefill``: the prompt; else one decode step) and send
     back the logits of the last. ``Generation._run`` answers at once on its
@@ -126,6 +126,13 @@ class Completion:
     logprobs: list[TokenLogprob] | None = None  # one per id, when asked for (generation.logprobs)
 
 
+def check_max_tokens(max_tokens) -> int:
+    """``max_tokens`` (the seed's ``n_dec``), or ParameterError."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise ParameterError(f"max_tokens = {max_tokens!r}, must be an integer >= 0")
+    return max_tokens
+
+
 def check_processors(logits_processor) -> tuple:
     """None, one callable or a sequence of callables -> a tuple of callables."""
     if logits_processor is None:
@@ -143,27 +150,27 @@ class Generation:
     Runs the prompt from the engine's current position (so a chat can keep
     its KV cache across turns); the caller resets the engine for a fresh
     start. ``reused``: the prompt's first ``reused`` ids are already the
-    cache's last positions (``Session.reuse_prefix``), so only the rest
+    cache's last positions (``SlotCache.reuse_prefix``), so only the rest
     runs; the generation is the same, bit for bit, as with all of it run
-    (docs/numerics.md#batch-invariance). ``session`` (gemma_cy.generation.session) tracks the cache: a
+    (docs/numerics.md#batch-invariance). ``cache`` (gemma_cy.generation.slot_cache) tracks the KV cache: a
     generation whose cache another one took over raises
     GenerationStateError when resumed.
     """
 
-    def __init__(self, engine: Engine, tokenizer, sampler: Sampler, prompt_ids: Sequence[int], n_dec: int,
+    def __init__(self, engine: Engine, tokenizer, sampler: Sampler, prompt_ids: Sequence[int], max_tokens: int,
                  stop_ids: frozenset[int] = frozenset(), observer: Observer | None = None,
                  stop: str | Iterable[str] | None = None, logits_processor=None,
                  accept_token: Callable[[int], bool] | None = None, penalties: Penalties | None = None,
-                 session: Session | None = None, reused: int = 0, logprobs: int | None = None,
+                 cache: SlotCache | None = None, reused: int = 0, logprobs: int | None = None,
                  constraint: Constraint | None = None, speculative: Draft | None = None):
-        self.check_n_dec(n_dec)
+        check_max_tokens(max_tokens)
         self.top_logprobs = check_top_logprobs(logprobs)
         self.logprobs: list[TokenLogprob] = []  # one per generated id, when ``logprobs`` is not None
         if accept_token is not None and not callable(accept_token):
             raise ParameterError(f"accept_token must be a callable (id -> bool), got {accept_token!r}")
         self.engine, self.tokenizer, self.sampler = engine, tokenizer, sampler
         self.prompt_ids = list(prompt_ids)
-        self.n_dec = n_dec
+        self.max_tokens = max_tokens
         self.stop_ids = frozenset(stop_ids)
         self.observer = observer
         self.stop = check_stop_strings(stop)
@@ -179,12 +186,12 @@ class Generation:
                                  f"{len(self.prompt_ids)} ids to run and be at most the cache's {engine.pos}")
         self.reused = reused
         check_prompt_fits(len(self.prompt_ids) - reused, engine.pos, engine.cache_len)
-        if session is None:  # a bare engine: positions already filled hold ids we were not told
-            session = Session(engine)
-            session.ids = [-1] * engine.pos
-        self.session = session
-        self.context_ids: list[int] = list(session.ids[:engine.pos - reused])  # everything before the prompt
-        session.claim(self)
+        if cache is None:  # a bare engine: positions already filled hold ids we were not told
+            cache = SlotCache(engine)
+            cache.ids = [-1] * engine.pos
+        self.cache = cache
+        self.context_ids: list[int] = list(cache.ids[:engine.pos - reused])  # everything before the prompt
+        cache.claim(self)
         self.generated_ids: list[int] = []
         self.text = ""
         self.stop_token: int | None = None
@@ -193,12 +200,6 @@ class Generation:
         self._reason: str | None = None
         self._started = False
         self._iterator = self._run()
-
-    @staticmethod
-    def check_n_dec(n_dec) -> int:
-        if isinstance(n_dec, bool) or not isinstance(n_dec, int) or n_dec < 0:
-            raise ParameterError(f"n_dec = {n_dec!r}, must be an integer >= 0")
-        return n_dec
 
     @property
     def stop_reason(self) -> str | None:
@@ -220,7 +221,7 @@ class Generation:
 
     def __next__(self) -> Step:
         if not self.finished:
-            self.session.check(self)
+            self.cache.check(self)
         self._started = True
         if self._reason == "interrupted":  # resumed after the CLI marked it
             self._reason = None
@@ -240,9 +241,9 @@ class Generation:
 
     @property
     def max_new_tokens(self) -> int:
-        """n_dec clamped so that prompt + generated fits the context."""
+        """max_tokens clamped so that prompt + generated fits the context."""
         room = self.engine.cache_len - len(self.context_ids) - len(self.prompt_ids)
-        return min(self.n_dec, room)
+        return min(self.max_tokens, room)
 
     def _next_logits(self, logits: np.ndarray) -> np.ndarray:
         """The logits the sampler sees: penalized, then each processor's, in order."""
@@ -273,7 +274,7 @@ class Generation:
 
     def _drop_draft(self, draft: list[int], kept: int, drafted: int) -> list[int]:
         """Record the block's outcome and rewind its unmatched positions out
-        of the KV cache (and the session's ids). Returns the ids to run
+        of the KV cache (and the cache's ids). Returns the ids to run
         again if the rewind had to empty a sliding-window ring (none when
         drafts stay within its slack, as they do)."""
         if drafted:
@@ -282,7 +283,7 @@ class Generation:
             self.timing.accepted_tokens += kept
         if not draft:
             return []
-        ids = self.session.ids
+        ids = self.cache.ids
         target = len(ids) - len(draft)
         start = self.engine.rewind(target)
         lost = ids[start:target]
@@ -290,35 +291,35 @@ class Generation:
         return lost
 
     def _run(self) -> Iterator[Step]:
-        """The generation on its own engine: ``machine``'s Forward requests
+        """The generation on its own engine: ``steps``' LogitsRequests
         answered at once, its Steps passed on."""
-        machine = self.machine()
+        steps = self.steps()
         try:
-            request = next(machine)
+            request = next(steps)
             while True:
-                if isinstance(request, Forward):
+                if isinstance(request, LogitsRequest):
                     if request.all_logits:
                         logits = self.engine.logits_of(self.engine.states(request.ids))
                     elif request.prefill:
                         logits = self.engine.prefill(request.ids, self.observer)
                     else:
                         logits = self.engine.decode(request.ids[0], self.observer)
-                    request = machine.send(logits)
+                    request = steps.send(logits)
                 else:
                     yield request
-                    request = next(machine)
+                    request = next(steps)
         except StopIteration:
             return
 
-    def machine(self) -> Iterator[Step | Forward]:
-        """The generate loop without an engine: yields a Forward where it
+    def steps(self) -> Iterator[Step | LogitsRequest]:
+        """The generate loop without an engine: yields a LogitsRequest where it
         needs logits (and is sent them), and a Step per token shown."""
         budget = self.max_new_tokens
         decoder = self.tokenizer.stream_decoder(prev_id=self.prompt_ids[-1])
         stops = StopStrings(self.stop)
-        ids = self.session.ids
+        ids = self.cache.ids
         start = time.perf_counter()
-        logits = yield Forward(self.prompt_ids[self.reused:], prefill=True, prompt=True)
+        logits = yield LogitsRequest(self.prompt_ids[self.reused:], prefill=True, prompt=True)
         ids.extend(self.prompt_ids[self.reused:])
         if self.speculative is not None:  # (a draft model runs the prompt too)
             self.speculative.prefill(self.context_ids + self.prompt_ids)
@@ -336,7 +337,7 @@ class Generation:
                 self._finish("grammar")
                 break
             if len(self.generated_ids) >= budget:
-                self._finish("max_tokens" if budget == self.n_dec else "length")
+                self._finish("max_tokens" if budget == self.max_tokens else "length")
                 break
             seen = self._next_logits(logits)
             if constraint is not None:
@@ -380,22 +381,22 @@ class Generation:
                 else:
                     lost = self._drop_draft(draft, kept, drafted)
                     if lost:  # (a ring reset by the rewind: run what it dropped again)
-                        yield Forward(lost, prefill=True)
+                        yield LogitsRequest(lost, prefill=True)
                         ids.extend(lost)
                     draft, kept, drafted = self._draft(len(run), budget), 0, 0
                     if draft:
-                        rows = yield Forward(run + draft, prefill=True, all_logits=True)
+                        rows = yield LogitsRequest(run + draft, prefill=True, all_logits=True)
                         ids.extend(run + draft)
                         logits, rows, drafted = rows[len(run) - 1], rows[len(run):], len(draft)
                     else:
-                        logits = yield Forward(run, prefill=len(run) > 1)
+                        logits = yield LogitsRequest(run, prefill=len(run) > 1)
                         ids.extend(run)
                     self.timing.forward_passes += 1
                 self.timing.decode_tokens += len(run)
                 self.timing.decode_seconds = time.perf_counter() - decode_start
         lost = self._drop_draft(draft, kept, drafted)
         if lost:
-            yield Forward(lost, prefill=True)
+            yield LogitsRequest(lost, prefill=True)
             ids.extend(lost)
         if stopped:
             return

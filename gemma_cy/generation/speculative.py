@@ -99,12 +99,12 @@ class PromptLookup(Draft):
 
 class DraftModel(Draft):
     """Draft ids with another model: its greedy continuation of the context.
-    ``engine`` and ``session`` are the draft model's (its own KV cache,
+    ``engine`` and ``cache`` are the draft model's (its own KV cache,
     taken over at every draft, as any generation on it would)."""
 
-    def __init__(self, engine, session, draft_max: int = DRAFT_MAX) -> None:
+    def __init__(self, engine, cache, draft_max: int = DRAFT_MAX) -> None:
         super().__init__(draft_max)
-        self.engine, self.session = engine, session
+        self.engine, self.cache = engine, cache
 
     def prefill(self, context: list[int]) -> None:
         """Run the prompt through the draft model too, all but its last id
@@ -117,7 +117,7 @@ class DraftModel(Draft):
     def propose(self, context: list[int], limit: int) -> list[int]:
         """Up to ``min(self.size, limit)`` ids: the draft model's argmax after
         ``context``, then after each of those."""
-        engine, session = self.engine, self.session
+        engine, cache = self.engine, self.cache
         k = min(self.size, limit, engine.cache_len - len(context))
         if k <= 0:
             return []
@@ -127,7 +127,7 @@ class DraftModel(Draft):
         out = [int(np.argmax(logits))]
         while len(out) < k:
             logits = engine.decode(out[-1])
-            session.ids.append(out[-1])
+            cache.ids.append(out[-1])
             out.append(int(np.argmax(logits)))
         return out
 
@@ -136,24 +136,26 @@ class DraftModel(Draft):
         what it shares with them (rewound past the last block's cut), run the
         rest (at least the last id); the logits after ``ids``, or None when
         they hold ids it was not told (a bare engine's unknown positions)."""
-        self.session.claim(self)
-        kept = self.session.reuse_prefix(ids)
+        self.cache.claim(self)
+        kept = self.cache.reuse_prefix(ids)
         new = ids[kept:]
         if min(new) < 0:
             return None
         logits = self.engine.prefill(new)  # (one id too: a prefill gives decode's bits)
-        self.session.ids.extend(new)
+        self.cache.ids.extend(new)
         return logits
 
 
-def check_speculative(speculative, draft_max) -> PromptLookup | None:
-    """The prompt-lookup draft the keywords ask for, or None (a draft
-    model is ``Model.draft_for``'s)."""
+def check_speculative(speculative, draft_max) -> None:
+    """ParameterError unless ``speculative`` is None or "lookup" (prompt
+    lookup) and ``draft_max`` comes with a draft (a draft model is
+    ``Model.draft_for``'s to check)."""
     if speculative is None:
         if draft_max is not None:
             raise ParameterError("draft_max: needs speculative='lookup' or a draft model")
-        return None
+        return
     if speculative != "lookup":
         raise ParameterError(f"speculative = {speculative!r}: the draft is 'lookup' (prompt lookup); "
                              f"for a draft model pass draft=Model")
-    return PromptLookup(DRAFT_MAX if draft_max is None else draft_max)
+    if draft_max is not None:
+        check_draft_max(draft_max)

@@ -10,6 +10,8 @@ checks the inputs, then hands them to the engine's own ``_run``.
 """
 from __future__ import annotations
 
+import enum
+
 import operator
 from typing import Mapping, Sequence
 
@@ -167,7 +169,15 @@ class CheckedEngine:
         raise NotImplementedError
 
 
-WANT_ALL = 2  # a batch segment's want: every position's logits (1: the last's, 0: none)
+class Logits(enum.IntEnum):
+    """What a batch segment asks back (the third item of ``step``'s
+    segments): no logits (a prompt's part that does not end it), its last
+    position's, or every position's (a speculative block). The fast
+    engine's ``run_batch`` takes the same numbers (forward.pxi)."""
+
+    NONE = 0
+    LAST = 1
+    ALL = 2
 
 
 class CheckedBatchEngine:
@@ -217,12 +227,12 @@ class CheckedBatchEngine:
     def _copy(self, src: int, dst: int) -> None:
         raise NotImplementedError
 
-    def step(self, segments: Sequence[tuple[int, Sequence[int], bool | str]]) -> list[np.ndarray]:
-        """Run each ``(slot, ids, want_logits)`` at the slot's next positions
+    def step(self, segments: Sequence[tuple[int, Sequence[int], Logits]]) -> list[np.ndarray]:
+        """Run each ``(slot, ids, want)`` at the slot's next positions
         (each slot at most once), the whole step in as few passes over the
         weights as fit; return, in order, for each segment that wants them
-        the logits (vocab,) f32 of its last position (``want_logits`` True)
-        or (n, vocab) of every position (``"all"``: a speculative block), as
+        the logits (vocab,) f32 of its last position (``Logits.LAST``)
+        or (n, vocab) of every position (``Logits.ALL``: a speculative block), as
         new arrays the caller owns. A sequence's results do not depend on
         what else runs in the step (docs/numerics.md#batch-invariance)."""
         checked, seen = [], set()
@@ -232,20 +242,15 @@ class CheckedBatchEngine:
                 raise ParameterError(f"step: slot {slot} appears twice in one step")
             seen.add(slot)
             ids = check_prefill(ids, self.pos[slot], self.config.vocab_size, self.cache_len)
-            if want == "all":
-                want = WANT_ALL
-            elif isinstance(want, (bool, np.bool_)):
-                want = int(want)
-            else:
-                raise ParameterError(f"step: want_logits = {want!r}: True, False or 'all'")
-            checked.append((slot, ids, want))
+            if isinstance(want, str) or not isinstance(want, (int, np.integer)) or want not in (0, 1, 2):
+                raise ParameterError(f"step: want = {want!r}: a Logits (NONE, LAST or ALL)")
+            checked.append((slot, ids, Logits(int(want))))
         if not checked:
             raise ParameterError("step: no segments to run")
         return self._step(checked)
 
-    def _step(self, segments: list[tuple[int, list[int], int]]) -> list[np.ndarray]:
-        """The engine's own: run the checked segments (want 0, 1 or
-        WANT_ALL), advance ``pos`` of each slot, return the wanted logits in order; NumericalError naming the
+    def _step(self, segments: list[tuple[int, list[int], Logits]]) -> list[np.ndarray]:
+        """The engine's own: run the checked segments, advance ``pos`` of each slot, return the wanted logits in order; NumericalError naming the
         slot on a non-finite step."""
         raise NotImplementedError
 

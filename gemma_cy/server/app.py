@@ -23,10 +23,10 @@ from prometheus_client.core import CounterMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import GemmaCyError, TemplateError
-from .engine_loop import EngineLoop, QueueFull
+from .engine_loop import DoneEvent, EngineLoop, ErrorEvent, QueueFull, TokenEvent
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .requests import (FINISH_REASONS, BadRequest, RequestRun, chat_logprob, chat_messages, completion_logprobs,
-                       new_id, now, prompt_id_lists, refuse_unsupported, sequence_keywords, usage)
+                       new_id, now, prompt_id_lists, refuse_unsupported, sequence_params, usage)
 
 DEFAULT_MAX_BODY = 1 << 20
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
@@ -205,8 +205,8 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
             raise BadRequest(str(e), "messages") from None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top = (body.top_logprobs or 0) if body.logprobs else None
-        kws = [sequence_keywords(model, body, ids, max_tokens, top, k, draft) for k in range(body.n)]
-        run = RequestRun(engine, [(ids, kw) for kw in kws])
+        params = sequence_params(model, body, ids, max_tokens, top, draft)
+        run = RequestRun(engine, [(ids, params.for_sample(k)) for k in range(body.n)])
         meta = {"id": new_id("chatcmpl"), "created": now(), "model": model_name}
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -225,8 +225,8 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
         prompts = prompt_id_lists(model, body.prompt)
         sequences = []
         for ids in prompts:
-            for k in range(body.n):
-                sequences.append((ids, sequence_keywords(model, body, ids, body.max_tokens, body.logprobs, k, draft)))
+            params = sequence_params(model, body, ids, body.max_tokens, body.logprobs, draft)
+            sequences += [(ids, params.for_sample(k)) for k in range(body.n)]
         run = RequestRun(engine, sequences)
         meta = {"id": new_id("cmpl"), "created": now(), "model": model_name}
         echoes = [model.detokenize(ids) if body.echo else "" for ids in prompts for _ in range(body.n)]
@@ -310,12 +310,12 @@ async def gather(request: Request, run: RequestRun) -> list | None:
                     return None
                 continue
             k, event = got
-            if event[0] == "done" and event[1] is None:
+            if isinstance(event, DoneEvent) and event.completion is None:
                 finals[k] = (None, "cancelled: the server is shutting down")
-            elif event[0] == "done":
-                finals[k] = (event[1], None)
-            elif event[0] == "error":
-                finals[k] = (None, event[1])
+            elif isinstance(event, DoneEvent):
+                finals[k] = (event.completion, None)
+            elif isinstance(event, ErrorEvent):
+                finals[k] = (None, event.message)
     except asyncio.CancelledError:
         run.cancel()
         raise
@@ -348,15 +348,14 @@ async def stream_chunks(run: RequestRun, base: dict, opening: list[dict], token_
     out_tokens = 0
     while run.open:
         k, event = await run.next_event()
-        if event[0] == "step":
-            step, lp = event[1], event[2]
-            if step.text or lp is not None:
-                yield {**base, "choices": [{**token_choice(k, step, lp), "finish_reason": None}]}
-        elif event[0] == "done":
-            out_tokens += len(event[1].ids) if event[1] is not None else 0
-            yield {**base, "choices": [{**end_choice(k), "finish_reason": finish_reason(event[1])}]}
+        if isinstance(event, TokenEvent):
+            if event.step.text or event.logprob is not None:
+                yield {**base, "choices": [{**token_choice(k, event.step, event.logprob), "finish_reason": None}]}
+        elif isinstance(event, DoneEvent):
+            out_tokens += len(event.completion.ids) if event.completion is not None else 0
+            yield {**base, "choices": [{**end_choice(k), "finish_reason": finish_reason(event.completion)}]}
         else:
-            yield {"error": error_body(event[1], "server_error")["error"]}
+            yield {"error": error_body(event.message, "server_error")["error"]}
     if include_usage:
         yield {**base, "choices": [], "usage": usage(n_prompt, out_tokens)}
 

@@ -6,9 +6,8 @@ wait in a bounded queue, join the running batch as slots free, and every
 step is one pass over the weights for all of them. The forward pass runs
 with the GIL released, so the HTTP event loop keeps serving meanwhile; it
 never waits on this thread. Each sequence reports to its ``sink`` (called
-on this thread): ``("step", Step, TokenLogprob | None)`` per token,
-``("done", Completion | None)`` when it ends (None: cancelled before it
-joined), or ``("error", message)`` if its step failed.
+on this thread): a ``TokenEvent`` per token, a ``DoneEvent`` when it ends,
+or an ``ErrorEvent`` if its step failed.
 """
 from __future__ import annotations
 
@@ -19,8 +18,35 @@ from typing import Callable
 
 from ..errors import GemmaCyError
 from ..generation.batch import Scheduler
+from ..generation.generator import Completion, Step
+from ..generation.logprobs import TokenLogprob
+from ..generation.params import GenerationParams
 
-Sink = Callable[[tuple], None]
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token (``logprob`` when the request asked for them)."""
+
+    step: Step
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """The sequence ended: its Completion (None: cancelled before it joined a batch)."""
+
+    completion: Completion | None
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """The sequence's step failed (one line)."""
+
+    message: str
+
+
+Event = TokenEvent | DoneEvent | ErrorEvent
+Sink = Callable[[Event], None]
 
 
 class QueueFull(GemmaCyError):
@@ -29,11 +55,11 @@ class QueueFull(GemmaCyError):
 
 @dataclass(eq=False)
 class Ticket:
-    """One submitted sequence: its prompt, keywords and sink; ``index`` in
+    """One submitted sequence: its prompt, settings and sink; ``index`` in
     the scheduler once the engine thread took it in."""
 
     ids: list[int]
-    keywords: dict
+    params: GenerationParams
     sink: Sink
     index: int | None = None
     cancelled: bool = False
@@ -58,7 +84,7 @@ class EngineLoop:
     def __init__(self, model, max_queue: int):
         self.model = model
         self.capacity = model.max_sequences + max_queue
-        self.scheduler = Scheduler(model.engine.batch, model.sessions, on_finish=self._finished)
+        self.scheduler = Scheduler(model.engine.batch, model.slot_caches, on_finish=self._finished)
         self.stats = LoopStats()
         self._cond = threading.Condition()
         self._inbox: list[Ticket] = []
@@ -73,14 +99,14 @@ class EngineLoop:
     def accepting(self) -> bool:
         return not self._closed and self._pending < self.capacity
 
-    def submit(self, sequences: list[tuple[list[int], dict, Sink]]) -> list[Ticket]:
+    def submit(self, sequences: list[tuple[list[int], GenerationParams, Sink]]) -> list[Ticket]:
         """Queue every sequence of one request, or none (QueueFull)."""
         with self._cond:
             if self._closed:
                 raise QueueFull("the server is shutting down")
             if self._pending + len(sequences) > self.capacity:
                 raise QueueFull(f"{self._pending} sequences running or queued, room for {self.capacity}")
-            tickets = [Ticket(list(ids), kw, sink) for ids, kw, sink in sequences]
+            tickets = [Ticket(list(ids), params, sink) for ids, params, sink in sequences]
             self._inbox.extend(tickets)
             self._pending += len(tickets)
             self._cond.notify()
@@ -127,10 +153,8 @@ class EngineLoop:
             self._step()
 
     def _maker(self, ticket: Ticket):
-        model, keywords = self.model, ticket.keywords
-
-        def make(engine, session, reused):
-            return model._generation(ticket.ids, engine=engine, session=session, reused=reused, **keywords)
+        def make(engine, cache, reused):
+            return self.model.generation(ticket.ids, ticket.params, engine=engine, cache=cache, reused=reused)
         return make
 
     def _step(self) -> None:
@@ -144,13 +168,13 @@ class EngineLoop:
                 g = scheduler.generations[index]
                 lp = g.logprobs[-1] if step.token_id is not None and g.top_logprobs is not None else None
                 tokens += step.token_id is not None
-                ticket.sink(("step", step, lp))
+                ticket.sink(TokenEvent(step, lp))
         except Exception as e:  # noqa: BLE001 - one failed step must not end the server
             message = f"{type(e).__name__}: {e}" if not isinstance(e, GemmaCyError) else str(e)
             for slot, seq in list(scheduler.running.items()):
                 ticket = self._by_index.get(seq.index)
                 if ticket is not None:
-                    ticket.sink(("error", message))
+                    ticket.sink(ErrorEvent(message))
                     self._by_index.pop(seq.index, None)
                 scheduler.cancel(seq.index)
         self._count(tokens)
@@ -172,4 +196,4 @@ class EngineLoop:
         with self._cond:
             self._pending -= 1
         if ticket is not None:
-            ticket.sink(("done", None if g is None else g.completion()))
+            ticket.sink(DoneEvent(None if g is None else g.completion()))

@@ -8,9 +8,13 @@ implements (``top_k``, ``min_p``, ``repeat_penalty``).
 """
 from __future__ import annotations
 
+import os
 from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..errors import ParameterError
+from ..generation.params import GenerationParams
 
 MAX_N = 16  # samples of one prompt per request
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
@@ -21,20 +25,21 @@ UNSUPPORTED = ("logit_bias", "tools", "tool_choice", "functions", "function_call
 
 
 class Sampling(BaseModel):
-    """The sampling fields both endpoints share."""
+    """The sampling fields both endpoints share. Ranges are GenerationParams'
+    (checked by ``to_params``), but for OpenAI's own, narrower ones."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)  # llama.cpp's extension; 0: off
-    min_p: float = Field(0.0, ge=0, le=1)  # llama.cpp's extension; 0: off
-    repeat_penalty: float = Field(1.0, gt=0)  # llama.cpp's extension; 1: off
+    top_p: float = 1.0
+    top_k: int = 0  # llama.cpp's extension; 0: off
+    min_p: float = 0.0  # llama.cpp's extension; 0: off
+    repeat_penalty: float = 1.0  # llama.cpp's extension; 1: off
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: int | None = Field(None, ge=0, lt=2**64)
+    seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
@@ -43,7 +48,7 @@ class Sampling(BaseModel):
     grammar: str | None = None  # llama.cpp's extension: a GBNF (or Lark) grammar
     json_schema: dict | None = None  # llama.cpp's extension: a JSON Schema
     speculative: Literal["lookup", "none"] | None = None  # gemma-cy's: draft by prompt lookup (None: the server's --draft)
-    draft_max: int | None = Field(None, ge=1, le=32)  # gemma-cy's: ids drafted at most per block
+    draft_max: int | None = None  # gemma-cy's: ids drafted at most per block
 
     @model_validator(mode="before")
     @classmethod
@@ -63,11 +68,24 @@ class Sampling(BaseModel):
                "grammar": self.grammar, "json_schema": self.json_schema}
         return {k: v for k, v in out.items() if v is not None}
 
-    def stop_strings(self) -> list[str]:
+    def to_params(self, max_tokens: int, logprobs: int | None, draft: str | None = None) -> GenerationParams:
+        """The request's GenerationParams (checked there: ParameterError
+        naming the field); a seed drawn at random when none is given.
+        ``draft``: the server's speculative draft, unless the request says."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stops) > MAX_STOP:
-            raise ValueError(f"stop: at most {MAX_STOP} strings, got {len(stops)}")
-        return stops
+            raise ParameterError(f"stop: at most {MAX_STOP} strings, got {len(stops)}")
+        speculative = draft if self.speculative is None else self.speculative
+        if speculative != "lookup" and self.draft_max is not None:
+            raise ParameterError("draft_max: needs speculative decoding (\"speculative\": \"lookup\", or the "
+                                 "server's --draft lookup)")
+        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little")
+        return GenerationParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                                top_k=self.top_k, min_p=self.min_p, repeat_penalty=self.repeat_penalty,
+                                presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                                seed=seed, stop=tuple(stops), logprobs=logprobs,
+                                speculative="lookup" if speculative == "lookup" else None,
+                                draft_max=self.draft_max, **self.constraint())
 
 
 class StreamOptions(BaseModel):

@@ -9,14 +9,13 @@ The rest builds each endpoint's response objects and stream chunks.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 
 from ..errors import ContextLengthError, GemmaCyError
-from ..generation.constraint import CONSTRAINT_KEYWORDS
+from ..generation.params import DATA_FIELDS, GenerationParams
 from ..generation.logprobs import TokenLogprob
-from .engine_loop import EngineLoop
+from .engine_loop import EngineLoop, Event, TokenEvent
 from .protocol import Sampling
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "rejected": "stop", "grammar": "stop", "max_tokens": "length", "length": "length",
@@ -31,12 +30,13 @@ class BadRequest(GemmaCyError):
         self.param, self.code = param, code
 
 
-def sequence_keywords(model, req: Sampling, ids: list[int], max_tokens: int | None,
-                      logprobs: int | None, sample: int, draft: str | None = None) -> dict:
-    """``Model.generate``'s keywords for sample ``sample`` of a request
-    (seed + sample, as ``complete(n=...)``), checked against ``ids``;
-    BadRequest. ``draft``: the server's speculative draft ("lookup" or
-    None), used unless the request says (``speculative``)."""
+def sequence_params(model, req: Sampling, ids: list[int], max_tokens: int | None, logprobs: int | None,
+                    draft: str | None = None) -> GenerationParams:
+    """The settings of a request's sequences (``req.to_params``), checked
+    against ``ids`` and the model (``Model.check``); BadRequest naming the
+    field. ``draft``: the server's speculative draft ("lookup" or None),
+    used unless the request says (``speculative``). Sample k of ``n`` runs
+    ``.for_sample(k)`` (seed + k, as ``complete(n=...)``)."""
     room = model.context_len - len(ids)
     if room < 1:
         raise BadRequest(f"the prompt is {len(ids)} tokens; this model's context is {model.context_len} tokens "
@@ -45,35 +45,21 @@ def sequence_keywords(model, req: Sampling, ids: list[int], max_tokens: int | No
         raise BadRequest(f"max_tokens = {max_tokens}: the prompt's {len(ids)} tokens leave {room} of the "
                          f"context's {model.context_len}", "max_tokens", "context_length_exceeded")
     try:
-        stops = req.stop_strings()
-    except ValueError as e:
-        raise BadRequest(str(e), "stop") from None
-    seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little")
-    kw = dict(max_tokens=room if max_tokens is None else max_tokens, temperature=req.temperature, top_p=req.top_p,
-              top_k=req.top_k, min_p=req.min_p, repeat_penalty=req.repeat_penalty,
-              presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-              seed=(seed + sample) % 2**64, stop=stops or None, logprobs=logprobs, **req.constraint())
-    speculative = draft if req.speculative is None else req.speculative
-    if speculative == "lookup":
-        kw.update(speculative="lookup", draft_max=req.draft_max)
-    elif req.draft_max is not None:
-        raise BadRequest("draft_max: needs speculative decoding (\"speculative\": \"lookup\", or the server's "
-                         "--draft lookup)", "draft_max")
-    try:
-        model.check_sequence(ids, kw)
+        params = req.to_params(room if max_tokens is None else max_tokens, logprobs, draft)
+        model.check(ids, params)
     except ContextLengthError as e:
         raise BadRequest(str(e), "messages", "context_length_exceeded") from None
     except GemmaCyError as e:
-        param = str(e).split(":", 1)[0]
-        raise BadRequest(str(e), param if param in CONSTRAINT_KEYWORDS else None) from None
-    return kw
+        param = str(e).split(":", 1)[0].split(" ", 1)[0]
+        raise BadRequest(str(e), param if param in DATA_FIELDS else None) from None
+    return params
 
 
 class RequestRun:
     """A request's sequences in flight: ``events()`` yields ``(k, event)``
     for sequence k (EngineLoop's events) until every one is done."""
 
-    def __init__(self, engine: EngineLoop, sequences: list[tuple[list[int], dict]]):
+    def __init__(self, engine: EngineLoop, sequences: list[tuple[list[int], GenerationParams]]):
         self.engine = engine
         self.queue: asyncio.Queue = asyncio.Queue()
         self.open = len(sequences)
@@ -81,15 +67,15 @@ class RequestRun:
 
         def sink_of(k: int):
             return lambda event: loop.call_soon_threadsafe(self.queue.put_nowait, (k, event))
-        self.tickets = engine.submit([(ids, kw, sink_of(k)) for k, (ids, kw) in enumerate(sequences)])
+        self.tickets = engine.submit([(ids, params, sink_of(k)) for k, (ids, params) in enumerate(sequences)])
 
-    async def next_event(self, timeout: float | None = None) -> tuple[int, tuple] | None:
+    async def next_event(self, timeout: float | None = None) -> tuple[int, Event] | None:
         """The next event, or None after ``timeout`` seconds without one."""
         try:
             k, event = await asyncio.wait_for(self.queue.get(), timeout)
         except asyncio.TimeoutError:
             return None
-        if event[0] in ("done", "error"):
+        if not isinstance(event, TokenEvent):
             self.open -= 1
         return k, event
 

@@ -15,8 +15,9 @@ from typing import Sequence
 from ..errors import GenerationStateError
 
 
-class Session:
-    """The engine, the ids at its positions 0 .. engine.pos-1, and the owner."""
+class SlotCache:
+    """One slot's KV cache: the engine, the ids at its positions 0 .. engine.pos-1,
+    and the owner (the generation that may run on it)."""
 
     def __init__(self, engine, slot: int | None = None):
         self.engine = engine
@@ -44,7 +45,7 @@ class Session:
 
     def in_sync(self) -> bool:
         """True when ``ids`` describes the engine's positions (nobody ran the
-        engine behind the session's back)."""
+        engine behind the cache's back)."""
         return len(self.ids) == self.engine.pos
 
     def shared_prefix(self, ids: Sequence[int]) -> int:
