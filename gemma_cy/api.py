@@ -15,14 +15,14 @@ import numpy as np
 
 from .errors import GemmaCyError, ParameterError, TokenIndexError
 from .formats.mapped import return_freed_heap
-from .generation.batch import BatchGeneration, SlotEngine
+from .generation.batch import BatchGeneration, Scheduler, SlotEngine
 from .generation.constraint import Constraint, ConstraintCompiler
 from .generation.engines import DEFAULT_ENGINE, default_max_sequences, make_engine
 from .generation.evaluation import Evaluation, evaluate_model
 from .generation.generator import Completion, Generation, Observer, check_prompt_fits
 from .generation.params import GenerationParams
 from .generation.slot_cache import SlotCache
-from .generation.speculative import DRAFT_MAX, DraftModel, PromptLookup, check_draft_max
+from .generation.speculative import draft_for
 from .loading import (default_tokenizer_path, open_model_files, open_tokenizer, open_weights,  # noqa: F401
                       read_magic, tokenizer_from_gguf)
 from .model.checks import cache_length
@@ -163,13 +163,9 @@ class Model:
         position: the model's engine and cache, or a batch slot's (what the
         batch scheduler and the server call); its first ``reused`` ids
         already in the cache (``SlotCache.reuse_prefix``)."""
-        return Generation(self.engine if engine is None else engine, self.tokenizer, params.sampler(), ids,
-                          params.max_tokens, stop_ids=self.stop_ids if params.terminate_on_eos else frozenset(),
-                          observer=params.observer, stop=params.stop, logits_processor=params.logits_processor,
-                          accept_token=params.accept_token, penalties=params.penalties(),
-                          cache=self.cache if cache is None else cache, reused=reused,
-                          logprobs=params.logprobs, constraint=self.constraint_for(params),
-                          speculative=self.draft_for(params))
+        return Generation(self.engine if engine is None else engine, self.tokenizer, ids, params,
+                          stop_ids=self.stop_ids, cache=self.cache if cache is None else cache, reused=reused,
+                          constraint=self.constraint_for(params), speculative=self.draft_for(params))
 
     def check(self, ids: list[int], params: GenerationParams) -> None:
         """What ``params`` cannot check alone, before anything runs: the
@@ -180,21 +176,8 @@ class Model:
         self.draft_for(params)
 
     def draft_for(self, params: GenerationParams | None = None, *, draft: "Model | None" = None):
-        """The draft ``params`` ask for (or ``draft`` alone): None, prompt
-        lookup (``speculative="lookup"``) or another Model of the same
-        vocabulary, decoding greedily on its own KV cache."""
-        params = params if params is not None else GenerationParams(draft=draft)
-        draft, draft_max = params.draft, params.draft_max
-        if draft is None:
-            return PromptLookup(DRAFT_MAX if draft_max is None else draft_max) if params.speculative else None
-        if not isinstance(draft, Model):
-            raise ParameterError(f"draft: expected a Model (gemma_cy.load(...)), got {type(draft).__name__}")
-        if draft is self:
-            raise ParameterError("draft: the model itself; a draft model needs its own KV cache (load it again)")
-        if draft.config.vocab_size != self.config.vocab_size or draft.vocabulary_digest != self.vocabulary_digest:
-            raise ParameterError(f"draft: its vocabulary ({draft.config.vocab_size} ids) is not this model's "
-                                 f"({self.config.vocab_size} ids); a draft model must share the tokenizer")
-        return DraftModel(draft.engine, draft.cache, DRAFT_MAX if draft_max is None else check_draft_max(draft_max))
+        """The draft ``params`` ask for (or ``draft`` alone): speculative.draft_for."""
+        return draft_for(self, params if params is not None else GenerationParams(draft=draft))
 
     @functools.cached_property
     def vocabulary_digest(self) -> bytes:
@@ -317,8 +300,15 @@ class Model:
         (``check``); ``on_finish(index)`` is called as each sequence ends.
         A sequence takes over the slot it joins (the one whose cache shares
         most of its prompt)."""
-        makers = [functools.partial(self._slot_generation, prompt, p) for prompt, p in zip(ids, params)]
-        return BatchGeneration(self.engine.batch, makers, [list(p) for p in ids], self.slot_caches, on_finish)
+        makers = [functools.partial(self.slot_generation, prompt, p) for prompt, p in zip(ids, params)]
+        return BatchGeneration(self.scheduler(on_finish), makers, [list(p) for p in ids])
+
+    def scheduler(self, on_finish=None) -> Scheduler:
+        """A continuous-batching Scheduler over this model's slots
+        (gemma_cy.generation.batch), as the server's engine thread runs one:
+        sequences added with a maker (``slot_generation`` of their ids and
+        settings) join as slots free."""
+        return Scheduler(self.engine.batch, self.slot_caches, on_finish)
 
     @property
     def slot_caches(self) -> list[SlotCache]:
@@ -328,7 +318,9 @@ class Model:
             self._slot_caches = [self.cache] + [SlotCache(SlotEngine(batch, s), s) for s in range(1, batch.n_slots)]
         return self._slot_caches
 
-    def _slot_generation(self, ids: list[int], params: GenerationParams, engine, cache, reused: int) -> Generation:
+    def slot_generation(self, ids: list[int], params: GenerationParams, engine, cache, reused: int) -> Generation:
+        """``generation`` on a batch slot: what a Scheduler's maker calls, with
+        the slot's engine, cache and the prompt ids its cache already holds."""
         return self.generation(ids, params, engine=engine, cache=cache, reused=reused)
 
     def chat(self, messages: Sequence[dict], params: GenerationParams | None = None, **settings) -> Generation:

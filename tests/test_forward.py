@@ -39,6 +39,7 @@ from gemma_cy.model.config import ModelConfig
 from gemma_cy.errors import NumericalError, ParameterError, TokenIndexError
 from gemma_cy.fast.engine import FastEngine
 from gemma_cy.generation.generator import Generation
+from gemma_cy.generation.params import GenerationParams
 from gemma_cy.model.observe import LAYER_OPS, OBSERVED_OPS, observed_calls, op_shape
 from gemma_cy.generation.sampling import Sampler
 from gemma_cy_reference.model import ReferenceEngine
@@ -203,8 +204,8 @@ def test_generation_loop_runs_on_the_fast_engine(tiny, tiny_model):
     """The shared generate loop over both engines: same text, same stop."""
     results = []
     for engine in (ReferenceEngine(tiny, 256), FastEngine(tiny, 256)):
-        gen = Generation(engine, tiny_model.tokenizer, Sampler(temperature=0.8, min_p=0.1, seed=3),
-                         tiny_model.prompt_ids("The cat"), 20)
+        gen = Generation(engine, tiny_model.tokenizer, tiny_model.prompt_ids("The cat"),
+                         GenerationParams(temperature=0.8, min_p=0.1, seed=3, max_tokens=20))
         text = "".join(step.text for step in gen)
         results.append((gen.generated_ids, text, gen.stop_reason))
     assert results[0] == results[1]

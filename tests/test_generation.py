@@ -7,7 +7,7 @@ import gemma_cy
 from gemma_cy.errors import ContextLengthError, ParameterError, TokenIndexError
 from gemma_cy.tokenizers.fixture_vocab import fixture_vocab
 from gemma_cy.generation.generator import Generation
-from gemma_cy.generation.sampling import Sampler
+from gemma_cy.generation.params import GenerationParams
 from gemma_cy.tokenizers.greedy import GreedyTokenizer
 from helpers import ScriptedEngine
 
@@ -23,13 +23,13 @@ def byte_id(tok, b):
     return VOCAB - 256 + b
 
 
-def greedy():
-    return Sampler(temperature=0)
+def greedy(max_tokens: int) -> GenerationParams:
+    return GenerationParams(temperature=0, max_tokens=max_tokens)
 
 
 def test_stops_on_eos_without_printing_it(tok):
     engine = ScriptedEngine([100, 101, tok.eos_id, 102])
-    gen = Generation(engine, tok, greedy(), [tok.bos_id], 10, stop_ids=frozenset({tok.eos_id}))
+    gen = Generation(engine, tok, [tok.bos_id], greedy(10), stop_ids=frozenset({tok.eos_id}))
     steps = list(gen)
     assert [s.token_id for s in steps] == [100, 101]
     assert gen.stop_reason == "eos" and gen.stop_token == tok.eos_id
@@ -38,14 +38,14 @@ def test_stops_on_eos_without_printing_it(tok):
 
 def test_eos_is_an_ordinary_token_without_stop_ids(tok):
     engine = ScriptedEngine([100, tok.eos_id, 102])
-    gen = Generation(engine, tok, greedy(), [tok.bos_id], 3)
+    gen = Generation(engine, tok, [tok.bos_id], greedy(3))
     assert [s.token_id for s in gen] == [100, tok.eos_id, 102]
     assert gen.stop_reason == "max_tokens"
 
 
 def test_length_clamp_never_writes_past_the_cache(tok):
     engine = ScriptedEngine([100] * 50, cache_len=8)
-    gen = Generation(engine, tok, greedy(), [tok.bos_id, 10, 11], 50)
+    gen = Generation(engine, tok, [tok.bos_id, 10, 11], greedy(50))
     assert gen.max_new_tokens == 5
     assert len(list(gen)) == 5
     assert gen.stop_reason == "length"
@@ -54,30 +54,30 @@ def test_length_clamp_never_writes_past_the_cache(tok):
 
 def test_prompt_must_leave_a_free_position(tok):
     with pytest.raises(ContextLengthError, match="8"):
-        Generation(ScriptedEngine([1], cache_len=8), tok, greedy(), [2] * 8, 5)
+        Generation(ScriptedEngine([1], cache_len=8), tok, [2] * 8, greedy(5))
     with pytest.raises(ParameterError):
-        Generation(ScriptedEngine([1]), tok, greedy(), [], 5)
+        Generation(ScriptedEngine([1]), tok, [], greedy(5))
     with pytest.raises(ParameterError):
-        Generation(ScriptedEngine([1]), tok, greedy(), [2], -1)
+        Generation(ScriptedEngine([1]), tok, [2], greedy(-1))
 
 
 def test_multibyte_character_is_held_until_complete(tok):
     euro = "€".encode()  # 3 bytes, streamed as three byte tokens
     script = [byte_id(tok, b) for b in euro] + [byte_id(tok, ord("!"))]
-    gen = Generation(ScriptedEngine(script), tok, greedy(), [tok.bos_id], 4)
+    gen = Generation(ScriptedEngine(script), tok, [tok.bos_id], greedy(4))
     assert [s.text for s in gen] == ["", "", "€", "!"]
 
 
 def test_incomplete_tail_is_flushed_as_replacement(tok):
     script = [byte_id(tok, 0xE2), byte_id(tok, 0x82)]
-    gen = Generation(ScriptedEngine(script), tok, greedy(), [tok.bos_id], 2)
+    gen = Generation(ScriptedEngine(script), tok, [tok.bos_id], greedy(2))
     texts = [s.text for s in gen]
     assert "".join(texts) == tok.decode(script) == gen.text
     assert gen.stop_reason == "max_tokens"
 
 
 def test_closing_the_iterator_marks_interrupted(tok):
-    gen = Generation(ScriptedEngine([100] * 10), tok, greedy(), [tok.bos_id], 10)
+    gen = Generation(ScriptedEngine([100] * 10), tok, [tok.bos_id], greedy(10))
     next(gen)
     gen._iterator.close()
     assert gen.stop_reason == "interrupted"

@@ -8,8 +8,8 @@ import pytest
 import gemma_cy
 from gemma_cy.errors import GenerationStateError, ParameterError
 from gemma_cy.generation.generator import Generation
+from gemma_cy.generation.params import GenerationParams
 from gemma_cy.generation.penalties import Penalties
-from gemma_cy.generation.sampling import Sampler
 from gemma_cy.generation.stops import StopStrings, check_stop_strings
 from gemma_cy.tokenizers.fixture_vocab import fixture_vocab
 from gemma_cy.tokenizers.greedy import GreedyTokenizer
@@ -27,9 +27,8 @@ def byte_ids(text: str) -> list[int]:
     return [VOCAB - 256 + b for b in text.encode()]
 
 
-def run(tok, script, n, **kw):
-    sampler = kw.pop("sampler", None) or Sampler(temperature=0)
-    gen = Generation(ScriptedEngine(script), tok, sampler, [tok.bos_id], n, **kw)
+def run(tok, script, n, **settings):
+    gen = Generation(ScriptedEngine(script), tok, [tok.bos_id], GenerationParams(temperature=0, max_tokens=n, **settings))
     return gen, [s.text for s in gen]
 
 
@@ -157,7 +156,7 @@ def test_repeat_penalty_changes_a_greedy_choice(tok):
     row[100], row[101] = 2.0, 1.9
     gen, _ = run(tok, [row] * 3, 3)
     assert gen.generated_ids == [100, 100, 100]
-    gen, _ = run(tok, [row] * 3, 3, penalties=Penalties(repeat_penalty=1.1))
+    gen, _ = run(tok, [row] * 3, 3, repeat_penalty=1.1)
     assert gen.generated_ids == [100, 101, 100]  # 2/1.1 < 1.9, then 101 is penalized too: 1.9/1.1 < 2/1.1
 
 
@@ -165,7 +164,7 @@ def test_repeat_penalty_changes_a_greedy_choice(tok):
 
 
 def test_break_sets_interrupted_and_resuming_finishes(tok):
-    gen = Generation(ScriptedEngine([100] * 6), tok, Sampler(temperature=0), [tok.bos_id], 6)
+    gen = Generation(ScriptedEngine([100] * 6), tok, [tok.bos_id], GenerationParams(temperature=0, max_tokens=6))
     assert gen.stop_reason is None
     for i, _ in enumerate(gen):
         if i == 1:

@@ -253,14 +253,13 @@ class BatchGeneration:
     is sequence i's Generation (None until it joined) with its text,
     stop_reason and timing; ``complete()`` runs to the end and returns the
     Completions in the order of the prompts. ``makers[i](engine, cache,
-    reused)`` makes sequence i's Generation of ``prompts[i]`` (Scheduler)."""
+    reused)`` makes sequence i's Generation of ``prompts[i]`` on ``scheduler``."""
 
-    def __init__(self, batch, makers: list[Callable[[SlotEngine, SlotCache, int], Generation]],
-                 prompts: list[list[int]], slot_caches: list[SlotCache] | None = None,
-                 on_finish: Callable[[int], None] | None = None):
+    def __init__(self, scheduler: Scheduler, makers: list[Callable[[SlotEngine, SlotCache, int], Generation]],
+                 prompts: list[list[int]]):
         if len(prompts) != len(makers):
             raise ParameterError(f"{len(makers)} sequences and {len(prompts)} prompts")
-        self.scheduler = Scheduler(batch, slot_caches, on_finish)
+        self.scheduler = scheduler
         for prompt, maker in zip(prompts, makers):
             self.scheduler.add(prompt, maker)
         self._iterator = self._run()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -27,11 +27,10 @@ from ..errors import ContextLengthError, ParameterError
 from ..model.observe import Observer
 from .constraint import Constraint
 from .speculative import Draft
-from .logprobs import TokenLogprob, check_top_logprobs, token_logprob
-from .penalties import Penalties
-from .sampling import Sampler
+from .logprobs import TokenLogprob, token_logprob
+from .params import GenerationParams
 from .slot_cache import SlotCache
-from .stops import StopStrings, check_stop_strings
+from .stops import StopStrings
 
 LogitsProcessor = Callable[[list, np.ndarray], np.ndarray]
 
@@ -126,24 +125,6 @@ class Completion:
     logprobs: list[TokenLogprob] | None = None  # one per id, when asked for (generation.logprobs)
 
 
-def check_max_tokens(max_tokens) -> int:
-    """``max_tokens`` (the seed's ``n_dec``), or ParameterError."""
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise ParameterError(f"max_tokens = {max_tokens!r}, must be an integer >= 0")
-    return max_tokens
-
-
-def check_processors(logits_processor) -> tuple:
-    """None, one callable or a sequence of callables -> a tuple of callables."""
-    if logits_processor is None:
-        return ()
-    procs = (logits_processor,) if callable(logits_processor) else tuple(logits_processor)
-    if not all(callable(p) for p in procs):
-        raise ParameterError(f"logits_processor must be a callable or a list of callables, "
-                             f"got {logits_processor!r}")
-    return procs
-
-
 class Generation:
     """An iterator of ``Step``s; after it ends, ``stop_reason`` says why.
 
@@ -157,30 +138,26 @@ class Generation:
     GenerationStateError when resumed.
     """
 
-    def __init__(self, engine: Engine, tokenizer, sampler: Sampler, prompt_ids: Sequence[int], max_tokens: int,
-                 stop_ids: frozenset[int] = frozenset(), observer: Observer | None = None,
-                 stop: str | Iterable[str] | None = None, logits_processor=None,
-                 accept_token: Callable[[int], bool] | None = None, penalties: Penalties | None = None,
-                 cache: SlotCache | None = None, reused: int = 0, logprobs: int | None = None,
-                 constraint: Constraint | None = None, speculative: Draft | None = None):
-        check_max_tokens(max_tokens)
-        self.top_logprobs = check_top_logprobs(logprobs)
-        self.logprobs: list[TokenLogprob] = []  # one per generated id, when ``logprobs`` is not None
-        if accept_token is not None and not callable(accept_token):
-            raise ParameterError(f"accept_token must be a callable (id -> bool), got {accept_token!r}")
-        self.engine, self.tokenizer, self.sampler = engine, tokenizer, sampler
+    def __init__(self, engine: Engine, tokenizer, prompt_ids: Sequence[int],
+                 params: GenerationParams = GenerationParams(), *, stop_ids: frozenset[int] = frozenset(),
+                 cache: SlotCache | None = None, reused: int = 0, constraint: Constraint | None = None,
+                 speculative: Draft | None = None):
+        self.params = params  # its settings, checked when it was built (generation.params)
+        self.engine, self.tokenizer, self.sampler = engine, tokenizer, params.sampler()
         self.prompt_ids = list(prompt_ids)
-        self.max_tokens = max_tokens
-        self.stop_ids = frozenset(stop_ids)
-        self.observer = observer
-        self.stop = check_stop_strings(stop)
-        self.processors = check_processors(logits_processor)
-        self.accept_token = accept_token
+        self.max_tokens = params.max_tokens
+        self.stop_ids = frozenset(stop_ids) if params.terminate_on_eos else frozenset()
+        self.observer = params.observer
+        self.stop = params.stop
+        self.processors = params.logits_processor or ()
+        self.accept_token = params.accept_token
+        self.top_logprobs = params.logprobs
+        self.logprobs: list[TokenLogprob] = []  # one per generated id, when ``top_logprobs`` is not None
+        self.penalties = params.penalties()
         self.constraint = constraint  # generation.constraint: which ids the grammar allows next
-        if speculative is not None and observer is not None:
+        if speculative is not None and self.observer is not None:
             raise ParameterError("speculative: an observed generation runs one position at a time")
         self.speculative = speculative  # generation.speculative: drafts checked in blocks
-        self.penalties = penalties if penalties is not None else Penalties()
         if not 0 <= reused < max(len(self.prompt_ids), 1) or reused > engine.pos:
             raise ParameterError(f"reused = {reused}: must leave at least one of the prompt's "
                                  f"{len(self.prompt_ids)} ids to run and be at most the cache's {engine.pos}")

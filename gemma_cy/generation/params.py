@@ -24,7 +24,6 @@ from typing import Any, Callable
 
 from ..errors import ParameterError, UnknownSettingError
 from .constraint import CONSTRAINT_KEYWORDS, ConstraintSpec, constraint_spec
-from .generator import check_processors, check_max_tokens
 from .logprobs import check_top_logprobs
 from .penalties import DEFAULT_REPEAT_LAST_N, Penalties
 from .sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, Sampler
@@ -32,6 +31,24 @@ from .speculative import check_draft_max, check_speculative
 from .stops import check_stop_strings
 
 DEFAULT_MAX_TOKENS = 250
+
+
+def check_max_tokens(max_tokens) -> int:
+    """``max_tokens`` (the seed's ``n_dec``), or ParameterError."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise ParameterError(f"max_tokens = {max_tokens!r}, must be an integer >= 0")
+    return max_tokens
+
+
+def check_processors(logits_processor) -> tuple:
+    """None, one callable or a sequence of callables -> a tuple of callables."""
+    if logits_processor is None:
+        return ()
+    procs = (logits_processor,) if callable(logits_processor) else tuple(logits_processor)
+    if not all(callable(p) for p in procs):
+        raise ParameterError(f"logits_processor must be a callable or a list of callables, "
+                             f"got {logits_processor!r}")
+    return procs
 
 
 def setting(default, help: str = "", flags: tuple[str, ...] = (), data: bool = True, **flag_options):

@@ -159,3 +159,20 @@ def check_speculative(speculative, draft_max) -> None:
                              f"for a draft model pass draft=Model")
     if draft_max is not None:
         check_draft_max(draft_max)
+
+
+def draft_for(model, params) -> Draft | None:
+    """The draft ``params`` (GenerationParams) ask for on ``model``: None,
+    prompt lookup (``speculative="lookup"``) or ``params.draft``, another
+    Model of the same vocabulary, decoding greedily on its own KV cache."""
+    draft, draft_max = params.draft, DRAFT_MAX if params.draft_max is None else params.draft_max
+    if draft is None:
+        return PromptLookup(draft_max) if params.speculative else None
+    if not hasattr(draft, "vocabulary_digest") or not hasattr(draft, "cache"):
+        raise ParameterError(f"draft: expected a Model (gemma_cy.load(...)), got {type(draft).__name__}")
+    if draft is model:
+        raise ParameterError("draft: the model itself; a draft model needs its own KV cache (load it again)")
+    if draft.config.vocab_size != model.config.vocab_size or draft.vocabulary_digest != model.vocabulary_digest:
+        raise ParameterError(f"draft: its vocabulary ({draft.config.vocab_size} ids) is not this model's "
+                             f"({model.config.vocab_size} ids); a draft model must share the tokenizer")
+    return DraftModel(draft.engine, draft.cache, draft_max)

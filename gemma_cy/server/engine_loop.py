@@ -11,13 +11,13 @@ or an ``ErrorEvent`` if its step failed.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import GemmaCyError
-from ..generation.batch import Scheduler
 from ..generation.generator import Completion, Step
 from ..generation.logprobs import TokenLogprob
 from ..generation.params import GenerationParams
@@ -84,7 +84,7 @@ class EngineLoop:
     def __init__(self, model, max_queue: int):
         self.model = model
         self.capacity = model.max_sequences + max_queue
-        self.scheduler = Scheduler(model.engine.batch, model.slot_caches, on_finish=self._finished)
+        self.scheduler = model.scheduler(on_finish=self._finished)
         self.stats = LoopStats()
         self._cond = threading.Condition()
         self._inbox: list[Ticket] = []
@@ -153,9 +153,7 @@ class EngineLoop:
             self._step()
 
     def _maker(self, ticket: Ticket):
-        def make(engine, cache, reused):
-            return self.model.generation(ticket.ids, ticket.params, engine=engine, cache=cache, reused=reused)
-        return make
+        return functools.partial(self.model.slot_generation, ticket.ids, ticket.params)
 
     def _step(self) -> None:
         scheduler = self.scheduler
