@@ -16,7 +16,9 @@ from gemma_cy.model.checks import CheckedEngine, cache_length, non_finite_error
 from gemma_cy.model.observe import OBSERVED_OPS, observed_calls
 from gemma_cy.model.weights import Weights
 
-from .layers import F32Weights, KVCache, Observer, block, embed, final_norm, logits, no_observer, per_layer_inputs
+from .gemma4 import per_layer_inputs
+from .layers import Observer, block, embed, final_norm, logits, no_observer
+from .weights import F32Weights, KVCache
 
 __all__ = ["ReferenceEngine", "OBSERVED_OPS", "observed_calls"]
 

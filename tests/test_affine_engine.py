@@ -25,7 +25,7 @@ from gemma_cy.quant.affine import AFFINE_TYPES, DECOMPOSERS, AffineTensor, Q4_KT
 from gemma_cy.quant.ggml import Q4_1Tensor, Q5_0Tensor, to_q8_0
 from gemma_cy.quant.types import GGML_TYPE_IDS, GGML_TYPES
 from gemma_cy.quant.tensors import Int8Tensor, Q8_0Tensor
-from gemma_cy_reference.layers import Q8Matrix
+from gemma_cy_reference.q8 import Q8Matrix
 from gemma_cy_reference.model import ReferenceEngine
 from helpers import (ISA, check_each_op_against_the_reference, gemma3_gguf_fields, greedy_both,
                      greedy_engines_agree, kernels)
@@ -119,7 +119,7 @@ def test_affine_q8_mode_is_the_references_bit_for_bit(isa, name):
     quantized activations times the file's exact weights within a bound of a
     few roundings of the result."""
     from gemma_cy.quant.tensors import quantize_activations_q8
-    from gemma_cy_reference.layers import Q8Matrix
+    from gemma_cy_reference.q8 import Q8Matrix
 
     m = kernels(isa)
     rng = np.random.default_rng(AFFINE_TYPES.index(name))
@@ -299,7 +299,7 @@ def test_q8_gemm_is_the_gemv_at_every_position(isa, kind, rows, cols):
     every layout and record size, activations at +-127 against levels of
     -128 (the largest integer sums)."""
     from gemma_cy.quant.tensors import quantize_activations_q8
-    from gemma_cy_reference.layers import Q8Matrix
+    from gemma_cy_reference.q8 import Q8Matrix
 
     m = kernels(isa)
     rng = np.random.default_rng(rows * 1000 + cols + len(kind))

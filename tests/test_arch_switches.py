@@ -13,7 +13,7 @@ from gemma_cy.formats.gguf_model import gguf_tensor_name, read_gguf, read_gguf_f
 from gemma_cy.formats.gguf_reader import parse_gguf
 from gemma_cy.formats.gguf_writer import TensorData, write_gguf
 from gemma_cy.quant.types import GGML_TYPE_IDS
-from gemma_cy_reference.layers import rope_cos_sin
+from gemma_cy_reference.ops import rope_cos_sin
 from helpers import GOLDENS, ISA, kernels
 
 ARCH = GOLDENS / "arch"
@@ -225,7 +225,7 @@ def test_rope_dims_must_fit_the_head(rope_dims, needle):
 @ISA
 @pytest.mark.parametrize("pairing", ["interleaved", "half_split"])
 def test_partial_rope_rotates_the_first_dims_only(isa, pairing):
-    from gemma_cy_reference.layers import rope
+    from gemma_cy_reference.ops import rope
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((4, 16)).astype(np.float32)
@@ -300,7 +300,7 @@ def test_shared_layers_need_a_layer_of_their_kind(shared, needle):
 def test_reference_cache_follows_the_sharing():
     """The reference's cache has rows for the layers that compute k and v
     only (Gemma 4's shared layers read their source's row)."""
-    from gemma_cy_reference.layers import KVCache
+    from gemma_cy_reference.weights import KVCache
 
     c = read_gguf(str(ARCH / "gemma4" / "model-q8_0.gguf")).config
     cache = KVCache(c, 16)

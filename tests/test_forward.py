@@ -341,7 +341,8 @@ def test_methods_that_index_memoryviews_propagate_bounds_errors():
     position, or calls one that does, is declared ``except -1``, not
     ``noexcept``: in the debug build (GEMMA_CY_DEBUG=1) a bounds error must
     raise out of the step, not be printed and ignored (forward.pxi's header)."""
-    source = (Path(__file__).resolve().parent.parent / "gemma_cy" / "fast" / "forward.pxi").read_text()
+    fast = Path(__file__).resolve().parent.parent / "gemma_cy" / "fast"
+    source = "".join(p.read_text() for p in sorted(fast.glob("forward*.pxi")))
     views = set(re.findall(r"^    cdef (?:const )?\w+\[[^\]]*\] (\w+)", source, re.M))
     assert {"att", "trace_buf"} <= views
     methods = cdef_methods(source)
@@ -436,7 +437,7 @@ def test_long_prefill_in_chunks_equals_decoding_one_by_one(tiny):
 
 RING = GEMMA3.with_changes(max_seq_len=1024)  # window 4 on layers 0 and 1: rings of 4 + RING_SLACK rows
 RING_IDS = [(11 * i + 3) % 100 for i in range(700)]
-SLACK = 256  # forward.pxi's RING_SLACK
+SLACK = 256  # forward_build.pxi's RING_SLACK
 
 
 def test_sliding_window_layers_keep_a_ring_of_window_plus_slack_rows():

@@ -20,8 +20,11 @@ from gemma_cy.model.config import ModelConfig
 from gemma_cy.model.tolerance import DEFAULT
 from gemma_cy.model.weights import Weights
 from gemma_cy.quant.tensors import F32Tensor, Q8_0Tensor, quantize_per_tensor, quantize_q8_0
-from gemma_cy_reference.layers import F32Weights, KVCache, Q8Matrix, attention, logits, rope_cos_sin
+from gemma_cy_reference.layers import attention, logits
 from gemma_cy_reference.model import ReferenceEngine
+from gemma_cy_reference.ops import rope_cos_sin
+from gemma_cy_reference.q8 import Q8Matrix
+from gemma_cy_reference.weights import F32Weights, KVCache
 from helpers import cached_weights
 
 ATOL, RTOL = DEFAULT

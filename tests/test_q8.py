@@ -32,7 +32,7 @@ from gemma_cy.quant.tensors import Q8_0Tensor, quantize_activations_q8, quantize
 from gemma_cy.generation.local_error import teacher_forced
 from gemma_cy.model.tolerance import DEFAULT, tolerance_for
 from gemma_cy.formats.gmw import read_gmw
-from gemma_cy_reference.layers import Q8Matrix, fma_f32
+from gemma_cy_reference.q8 import Q8Matrix, fma_f32
 from gemma_cy_reference.model import ReferenceEngine
 
 from helpers import AVAILABLE, ISA, assert_same_greedy_id, assert_within, cli, kernels

@@ -23,8 +23,10 @@ from gemma_cy.model.logits import argmax
 from gemma_cy.model.tolerance import DEFAULT, PROBABILITIES
 from gemma_cy.model.weights import Weights
 from gemma_cy_reference.generate import generate
-from gemma_cy_reference.layers import F32Weights, KVCache, attention, gelu_tanh, rmsnorm, rope, silu
+from gemma_cy_reference.layers import attention
 from gemma_cy_reference.model import OBSERVED_OPS, ReferenceEngine, observed_calls
+from gemma_cy_reference.ops import gelu_tanh, rmsnorm, rope, silu
+from gemma_cy_reference.weights import F32Weights, KVCache
 from helpers import assert_rewinds_and_resets, cached_weights, make_weights, with_tensor
 
 ATOL, RTOL = DEFAULT  # docs/numerics.md#tolerances default

@@ -32,15 +32,17 @@ def teacher_forced(reference, got: dict, ids: Sequence[int]) -> dict:
     """(layer, op, pos) -> the reference's layer functions applied to the
     other engine's own inputs of each op (``got``: what it observed while
     running ``ids`` from position 0)."""
+    from gemma_cy_reference import gemma4, ops
+    from gemma_cy_reference.weights import KVCache
     from gemma_cy_reference import layers as L
 
     c, w = reference.config, reference.weights
-    cache = L.KVCache(c, len(ids))  # filled with the other engine's keys and values
+    cache = KVCache(c, len(ids))  # filled with the other engine's keys and values
     one_plus = c.norm_gain == "one_plus"
     want: dict = {}
 
     def norm(x, gain):
-        return L.rmsnorm(x, gain, c.norm_eps, one_plus)
+        return ops.rmsnorm(x, gain, c.norm_eps, one_plus)
 
     for pos, token in enumerate(ids):
         def at(layer, op):
@@ -48,7 +50,7 @@ def teacher_forced(reference, got: dict, ids: Sequence[int]) -> dict:
         want[-1, "embed", pos] = L.embed(w, token, pos, c)
         x = at(-1, "embed")
         # Gemma 4: the per-layer inputs of the other engine's embedding (n_layers, ple)
-        ple = L.per_layer_inputs(w, token, x, c) if c.per_layer_input_dim else None
+        ple = gemma4.per_layer_inputs(w, token, x, c) if c.per_layer_input_dim else None
         for layer in range(c.n_layers):
             lw = w.layers[layer]
             want[layer, "attn_norm", pos] = norm(x, lw.attn_norm)
@@ -67,11 +69,11 @@ def teacher_forced(reference, got: dict, ids: Sequence[int]) -> dict:
             want[layer, "ffn_norm", pos] = norm(at(layer, "resid_attn"), lw.ffn_norm)
             m = L.mlp(at(layer, "ffn_norm"), lw, c)
             if lw.moe is not None:  # Gemma 4's expert block, on the other engine's residual
-                m = norm(m, lw.moe["moe_post_norm_1"]) + L.experts(at(layer, "resid_attn"), lw.moe, c)
+                m = norm(m, lw.moe["moe_post_norm_1"]) + gemma4.experts(at(layer, "resid_attn"), lw.moe, c)
             want[layer, "mlp", pos] = norm(m, lw.post_ffn_norm) if c.post_norms else m
             out = at(layer, "resid_attn") + at(layer, "mlp")
             if ple is not None:  # Gemma 4's per-layer input block, on the other engine's residual
-                act = L.GATE_ACTIVATION_FUNCTIONS[c.activation]
+                act = ops.GATE_ACTIVATION_FUNCTIONS[c.activation]
                 out = out + norm(lw.ple_proj @ (act(lw.ple_gate @ out) * ple[layer]), lw.ple_post_norm)
             if lw.layer_scalar is not None:
                 out = out * lw.layer_scalar[0]

@@ -187,7 +187,7 @@ cdef void k_quantize_q8(int8_t* q, float* d, const float* x, Py_ssize_t n_blocks
 # 0, isum_b = sum_{i<32} w[32b+i] * xq[32b+i]: an int8 row with one scale
 # (GMW1) times quantized activations. Each block's integer sum is exact
 # (and so is its f32), each block adds one f32 FMA, block after block: one
-# order in every module and in the reference (reference.layers.Q8Matrix,
+# order in every module and in the reference (reference/q8.py, Q8Matrix,
 # with an exact FMA in NumPy), so the q8 products agree bit for bit.
 cdef float k_dot_i8_q8(const int8_t* w, const int8_t* xq, const float* xd, Py_ssize_t n_blocks,
                        float scale) noexcept nogil
@@ -252,7 +252,7 @@ cdef void k_rmsnorm(float* out, const float* x, const float* g, Py_ssize_t n,
                     double eps, bint one_plus) noexcept nogil
 
 # cos[j], sin[j] of pos * base^(-2j/head_dim) [/ factors[j]], j < head_dim/2:
-# computed in f64 and rounded once to f32 (as reference.layers.rope_cos_sin);
+# computed in f64 and rounded once to f32 (as reference/ops.py rope_cos_sin);
 # factors (head_dim/2,) or NULL; each multiplied by scale in f64 before the
 # rounding (LongRoPE's attention factor; 1 = none). head_dim: the rotated width.
 cdef void k_rope_cos_sin(float* cos_out, float* sin_out, Py_ssize_t head_dim,

@@ -8,7 +8,7 @@
 # the GIL and call these kernels (wrappers.pxi).
 #
 # The elementwise kernels stay in f32 like the NumPy reference
-# (reference/layers.py), except where f64 costs nothing and removes our
+# (reference/ops.py), except where f64 costs nothing and removes our
 # rounding from the comparison: the sums of rmsnorm and softmax, the RoPE
 # angles, and the activations.
 

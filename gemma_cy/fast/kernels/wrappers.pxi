@@ -2,7 +2,7 @@
 # front of the k_* kernels of common.pxi, dot_<isa>.pxi and q8_*.pxi (the
 # scikit-learn two-tier idiom). Each validates dtype, shape, contiguity and
 # aliasing (TypeError / ValueError), releases the GIL and calls one kernel;
-# gemma_cy.fast.ops re-exports them under the names of reference/layers.py.
+# gemma_cy.fast.ops re-exports them under the names of reference/ops.py.
 # The validation helpers (_array, _out) serve forward.pxi's def entry points
 # too.
 #
@@ -56,7 +56,7 @@ cdef void _same_length(str what, object a, object b) except *:
 
 
 # ---------------------------------------------------------------------------
-# Python API (what gemma_cy.fast.ops re-exports; names follow reference/layers.py)
+# Python API (what gemma_cy.fast.ops re-exports; names follow reference/ops.py)
 
 
 def dot_i8(q, x, scale) -> float:
@@ -228,7 +228,7 @@ def rmsnorm(x, gain, eps, one_plus, out=None):
 def rope_cos_sin(pos, head_dim, base, factors=None, scale=1.0):
     """(cos, sin), each (head_dim/2,) f32, of the angles pos * base^(-2j/head_dim)
     [/ factors[j]], [times scale,] computed in f64 and rounded once (as
-    reference.layers.rope_cos_sin)."""
+    gemma_cy_reference.ops.rope_cos_sin)."""
     if head_dim <= 0 or head_dim % 2:
         raise ValueError(f"rope_cos_sin: head_dim = {head_dim}, must be even and > 0")
     cos_t = np.empty(head_dim // 2, np.float32)
