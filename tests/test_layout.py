@@ -219,3 +219,18 @@ def test_the_observer_type_is_defined_once():
     defined = [str(path.relative_to(ROOT)) for path, _ in package_modules()
                if re.search(r"^Observer\s*=", path.read_text(encoding="utf-8"), re.M)]
     assert defined == ["gemma_cy/model/observe.py"], defined
+
+
+def test_frontends_use_only_the_public_model():
+    """The server and the commands reach a Model through its public methods
+    (docs/architecture.md): no ``model._private`` and no ``.engine.batch``."""
+    bad = []
+    for path in [*(ROOT / "gemma_cy" / "server").glob("*.py"), *(ROOT / "gemma_cy" / "commands").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and "model" in node.value.id \
+                    and node.attr.startswith("_"):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}")
+            if isinstance(node, ast.Attribute) and node.attr == "batch" and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "engine":
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: .engine.batch")
+    assert not bad, "\n".join(bad)
