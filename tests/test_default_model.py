@@ -96,6 +96,7 @@ def test_real_model_norms_store_one_plus_w(real_model):
     assert is_bf16(gains - np.float32(1)) and not is_bf16(gains)
 
 
+@pytest.mark.slow
 def test_real_model_greedy_completion(real_model):
     from gemma_cy_reference.model import ReferenceEngine
     w = read_gguf(real_model)
