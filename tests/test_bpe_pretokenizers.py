@@ -24,6 +24,8 @@ from gemma_cy.formats.gguf_writer import write_gguf
 from gemma_cy.tokenizers.bpe import TOKEN_CONTROL, TOKEN_NORMAL, BPETokenizer, byte_alphabet
 from gemma_cy.tokenizers.bpe_pre import ALIASES, PRE_TOKENIZERS, RULES, nfc, pre_tokenizer
 
+pytestmark = pytest.mark.oracle
+
 GOLDENS = Path(__file__).resolve().parent / "goldens" / "bpe_pre"
 BYTE_OF = {ch: b for b, ch in enumerate(byte_alphabet())}
 

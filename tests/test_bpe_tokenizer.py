@@ -265,24 +265,28 @@ def test_smollm2_special_ids(smollm2):
     assert "<|im_start|>" in smollm2.chat_template
 
 
+@pytest.mark.oracle
 def test_smollm2_ids_match_hf(smollm2, golden):
     assert len(golden) >= 2000
     bad = [(r, got, r["ids"]) for r in golden if (got := smollm2.encode(r["text"])) != r["ids"]]
     assert not bad, golden_report("ids", golden, bad)
 
 
+@pytest.mark.oracle
 def test_smollm2_special_parsing_matches_hf(smollm2, golden):
     bad = [(r, got, want) for r in golden
            if (got := smollm2.encode(r["text"], parse_special=True)) != (want := r.get("ids_special", r["ids"]))]
     assert not bad, golden_report("ids with parse_special", golden, bad)
 
 
+@pytest.mark.oracle
 def test_smollm2_decode_matches_hf(smollm2, golden):
     bad = [(r, got, want) for r in golden
            if (got := smollm2.decode(r["ids"])) != (want := r.get("hf_decoded", r["text"]))]
     assert not bad, golden_report("decode", golden, bad)
 
 
+@pytest.mark.oracle
 def test_smollm2_streaming_equals_whole(smollm2, golden):
     for r in golden:
         dec = smollm2.stream_decoder()

@@ -13,6 +13,8 @@ from gemma_cy.errors import GemmaCyError
 from gemma_cy.tokenizers.chat import chat_ids, chat_template_for, render
 from helpers import golden_rows
 
+pytestmark = pytest.mark.oracle
+
 ROWS = golden_rows("chat_templates.jsonl", "make_chat_goldens.py")[1:]  # the first line names the oracle
 
 

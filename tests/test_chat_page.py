@@ -25,6 +25,8 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 import gemma_cy  # noqa: E402
 from server_helpers import ServerProcess  # noqa: E402
 
+pytestmark = pytest.mark.browser
+
 SCREENSHOT = os.environ.get("GEMMA_CY_SCREENSHOT")  # where to save the page (docs/chat_page.png is one)
 
 

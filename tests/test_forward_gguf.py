@@ -114,6 +114,7 @@ def gemma3_270m():
     return weights, {piece: i for i, piece in enumerate(pieces)}
 
 
+@pytest.mark.slow
 def test_gemma3_270m_fast_equals_reference_64_greedy_tokens(gemma3_270m):
     """Five prompts, 64 greedy tokens each, one engine pair reset between
     prompts: the same ids, and every step's logits within tolerance. A

@@ -23,6 +23,8 @@ from gemma_cy.formats.gguf_model import read_gguf_f32  # noqa: E402
 from gemma_cy_reference.model import ReferenceEngine  # noqa: E402
 from helpers import GOLDENS, engine_near_oracle, reference_agrees_with_oracle, teacher_forced_figures  # noqa: E402
 
+pytestmark = pytest.mark.oracle
+
 GOLDEN = GOLDENS / "gemma3_270m"
 # Last-position logits against transformers: measured rms 3e-6 to 6e-5 (the
 # reference and every SIMD module); the limit leaves a margin of ~1.7x.
@@ -36,6 +38,7 @@ def reference():
     return ReferenceEngine(weights, 2048)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS, ids=[p["name"] for p in PROMPTS])
 def test_reference_matches_transformers(reference, prompt):
     reference_agrees_with_oracle(reference, prompt, GOLDEN, RMS_LIMIT)
@@ -63,6 +66,7 @@ def test_fast_engine_on_the_original_file_matches_transformers(fast, prompt):
     reference_agrees_with_oracle(fast, prompt, GOLDEN, RMS_LIMIT)
 
 
+@pytest.mark.slow
 def test_fast_engine_teacher_forced_agreement_and_perplexity(fast):
     """2,048 teacher-forced positions of the GPL-3 text (the goldens' ids,
     BOS first): top-1 agreement with transformers' argmax at least 99.9%
@@ -96,6 +100,7 @@ def test_q8_mode_follows_transformers_within_its_error(fast_q8, prompt):
     engine_near_oracle(fast_q8, prompt, GOLDEN, Q8_RMS_LIMIT)
 
 
+@pytest.mark.slow
 def test_q8_mode_teacher_forced_cost(fast_q8):
     """The README's figures of the q8 mode (96.88% top-1 agreement,
     perplexity 15.9303 against transformers' 15.8771, on avx512; 97.27% and
@@ -130,6 +135,7 @@ def test_eval_chunks_are_transformers_ids():
     assert chunk_ids(ids, EVAL["ctx"], model.tokenizer.bos_id)[:EVAL["chunks"]] == EVAL["chunk_ids"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["reference", "fast"])
 def test_eval_perplexity_equals_transformers(which, reference, fast):
     """Two chunks of 512 of the GPL-3: the perplexity to 4 significant

@@ -24,6 +24,8 @@ from gemma_cy.tokenizers.gemma4_bpe import VISIBLE_MARKERS, Gemma4Tokenizer
 from gemma_cy.tokenizers.sp import SentencePieceTokenizer
 from helpers import GOLDENS, golden_report, golden_rows
 
+pytestmark = pytest.mark.oracle
+
 DIR = GOLDENS / "gemma4_tokenizer"
 VOCAB = str(DIR / "vocab.gguf")
 

@@ -11,6 +11,7 @@ import os
 import struct
 import time
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ FIELDS = ("n_layers", "dim", "n_heads", "n_kv_heads", "mlp_dim", "vocab_size",
           "max_seq_len", "head_dim")
 FIELD_OFFSET = {f: 8 + 4 * i for i, f in enumerate(FIELDS)}  # u32 fields after magic, version
 EDGE_U32 = (0, 1, 2, 2**31 - 1, 2**32 - 1)
+U32_MAX = 2**32 - 1
 
 
 def header(magic=b"GMW1", version=1, reserved=bytes(20), **fields) -> bytes:
@@ -422,3 +424,70 @@ def test_writer_rejects_bad_tensors(tmp_path, small_config):
         with pytest.raises(ModelFormatError, match=word.replace("(", r"\(").replace(")", r"\)")):
             write_gmw(path, small_config, tensors)
     assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------- rules at their boundaries
+# Each pins down a documented rule that the tests above state only away from
+# its boundary or for the default value (found by mutation testing).
+
+@pytest.mark.parametrize("rope_base", [500000.0, 1.0, 0.5])
+def test_rope_base_round_trips(tmp_path, rope_base):
+    """The header's rope_base (any finite f32 > 0, also 1 and below) is
+    written and read back as the config's rope_base, not a default."""
+    config = gmw_config(**{**SMALL, "rope_base": rope_base})
+    assert config.rope_base == rope_base
+    path = tmp_path / "r.gmw"
+    write_gmw(path, config, small_tensors(config))
+    assert read_gmw(path).config.rope_base == rope_base
+
+
+def test_weights_name_the_file_they_were_read_from(tmp_path):
+    """read_gmw's Weights carry the path as ``source`` (used in messages)."""
+    config = gmw_config(**SMALL)
+    path = tmp_path / "s.gmw"
+    write_gmw(path, config, small_tensors(config))
+    assert read_gmw(path).source == str(path)
+
+
+def test_u32_max_counts_are_expressible(tmp_path):
+    """A count of exactly 2**32 - 1 fits GMW1's u32 (the writer gets past
+    the header check and stops at the missing tensors); 2**32 does not."""
+    config = gmw_config(**{**SMALL, "max_seq_len": U32_MAX})
+    with pytest.raises(ModelFormatError, match="missing tensor"):
+        write_gmw(tmp_path / "u.gmw", config, {})
+    config = gmw_config(**{**SMALL, "max_seq_len": U32_MAX + 1})
+    with pytest.raises(ModelFormatError, match="does not fit"):
+        write_gmw(tmp_path / "u.gmw", config, {})
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, -1.0, -1e-30, 1e39])
+def test_writer_rejects_every_scale_read_gmw_would_refuse(tmp_path, bad):
+    """The writer refuses a scale that is infinite, negative or beyond f32
+    (the reader's rule: finite and >= 0), without a NumPy overflow warning."""
+    config = gmw_config(**SMALL)
+    tensors = small_tensors(config)
+    tensors["lm_head"] = Int8Tensor(tensors["lm_head"].q, bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ModelFormatError, match="scale"):
+            write_gmw(tmp_path / "w.gmw", config, tensors)
+
+
+def test_writer_accepts_a_zero_scale(tmp_path):
+    """A zero scale is valid (that tensor dequantizes to zeros), so the
+    writer accepts it and the reader gives it back."""
+    config = gmw_config(**SMALL)
+    tensors = small_tensors(config)
+    tensors["lm_head"] = Int8Tensor(tensors["lm_head"].q, np.float32(0.0))
+    write_gmw(tmp_path / "z.gmw", config, tensors)
+    assert read_gmw(tmp_path / "z.gmw").tensors["lm_head"].scale == 0.0
+
+
+def test_writer_rejects_a_rope_base_beyond_f32_without_a_warning(tmp_path):
+    """A rope_base that overflows f32 is not expressible: ModelFormatError,
+    not a NumPy overflow warning on the way."""
+    config = gmw_config(**SMALL).with_changes(rope_base=1e39)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ModelFormatError, match="rope_base"):
+            write_gmw(tmp_path / "w.gmw", config, small_tensors(config))

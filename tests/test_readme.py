@@ -8,6 +8,8 @@ import pytest
 
 from helpers import REPO
 
+pytestmark = pytest.mark.slow
+
 
 def readme_python_block() -> str:
     text = (REPO / "README.md").read_text(encoding="utf-8")

@@ -33,6 +33,8 @@ import pytest
 
 from helpers import REPO, gguf_tensors
 
+pytestmark = pytest.mark.slow
+
 README = REPO / "README.md"
 SHELL_INFOS = ("", "sh", "bash", "shell", "console")
 COMMAND_WORDS = {"gemma-cy", "make", "python", "python3", "time", "echo", "pip", "cd", "export", "cat", "ls", "curl"}

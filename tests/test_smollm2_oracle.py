@@ -24,6 +24,8 @@ import pytest
 from gemma_cy.errors import GemmaCyError
 from helpers import GOLDENS, cli, engine_near_oracle, greedy_engines_agree, reference_agrees_with_oracle
 
+pytestmark = pytest.mark.oracle
+
 GOLDEN = GOLDENS / "smollm2_135m"
 # Last-position logits against transformers: measured rms 5e-6 to 1.6e-5
 # (the reference and every SIMD module); the limit leaves a margin of ~1.9x.
@@ -71,11 +73,13 @@ def test_prompt_ids_match_transformers(model_file):
         assert model.prompt_ids(p["text"], chat_format=p["chat"]) == p["prompt_ids"], p["name"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS, ids=[p["name"] for p in PROMPTS])
 def test_reference_matches_transformers(reference, prompt):
     reference_agrees_with_oracle(reference, prompt, GOLDEN, RMS_LIMIT)
 
 
+@pytest.mark.slow
 def test_fast_equals_reference_on_the_q4_1_file(model_file):
     """Five prompts, 64 greedy tokens each, on the file's own Q4_1 weights
     (AffineTensor): the same ids, and every step's logits within tolerance.

@@ -374,18 +374,21 @@ def test_gemma3_special_ids(gemma3):
     assert gemma3.encode("<start_of_turn>user\n", parse_special=True) == [105, 2364, 107]
 
 
+@pytest.mark.oracle
 def test_gemma3_ids_match_hf(gemma3, golden):
     assert len(golden) >= 2000
     bad = [(r, got, r["ids"]) for r in golden if (got := gemma3.encode(r["text"])) != r["ids"]]
     assert not bad, golden_report("ids", golden, bad)
 
 
+@pytest.mark.oracle
 def test_gemma3_special_parsing_matches_hf(gemma3, golden):
     bad = [(r, got, want) for r in golden
            if (got := gemma3.encode(r["text"], parse_special=True)) != (want := r.get("ids_special", r["ids"]))]
     assert not bad, golden_report("ids with parse_special", golden, bad)
 
 
+@pytest.mark.oracle
 def test_gemma3_decode_matches_hf(gemma3, golden):
     bad = [(r, gemma3.decode(r["ids"]), r.get("hf_decoded", r["text"])) for r in golden
            if gemma3.decode(r["ids"]) != r.get("hf_decoded", r["text"])]
@@ -394,6 +397,7 @@ def test_gemma3_decode_matches_hf(gemma3, golden):
     assert round_trips >= len(golden) - 20  # only texts with a literal U+2581 may not round-trip
 
 
+@pytest.mark.oracle
 def test_gemma3_streaming_equals_whole(gemma3, golden):
     for r in golden:
         dec = gemma3.stream_decoder()
@@ -407,6 +411,7 @@ def test_gemma3_long_and_odd_input(gemma3):
     assert gemma3.decode_bytes(gemma3.encode(b"\x00ab\xff\xfe\xc3")) == b"\x00ab\xff\xfe\xc3"
 
 
+@pytest.mark.oracle
 def test_gemma3_model_golden_prompts_tokenize_as_hf(gemma3):
     """The prompts of tests/goldens/gemma3_270m (scripts/make_model_goldens.py) give HF's ids here too."""
     path = GOLDENS / "gemma3_270m" / "greedy.json"
@@ -421,6 +426,7 @@ def test_gemma3_model_golden_prompts_tokenize_as_hf(gemma3):
         assert ids == p["prompt_ids"], p["name"]
 
 
+@pytest.mark.oracle
 def test_gemma3_teacher_forced_text_tokenizes_as_hf(gemma3):
     path = GOLDENS / "gemma3_270m" / "teacher_forced.json"
     if not path.exists():

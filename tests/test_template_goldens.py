@@ -23,6 +23,8 @@ from gemma_cy.tokenizers import chat
 from helpers import GOLDENS
 from llama_cpp_source import sdist_or_skip
 
+pytestmark = pytest.mark.oracle
+
 GOLDEN = json.loads(gzip.decompress((GOLDENS / "chat_templates_llama_cpp.json.gz").read_bytes()))
 TEMPLATES = sorted(GOLDEN["templates"])
 # Templates the sandbox refuses where transformers renders: name -> the reason (none today).

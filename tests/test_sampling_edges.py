@@ -1,6 +1,9 @@
-"""Sampler cases found by mutation testing (gemma_cy/generation/sampling.py,
-docs/generation.md#sampler): rules the other sampling tests state but do not
-pin down tightly enough to tell the code from a small change to it.
+"""The sampler's rules at their edges (gemma_cy/generation/sampling.py,
+docs/generation.md#sampler): the walk in float64 and on its boundaries, ties
+at the top-k and top-p cut, min-p after the other filters, describe() and the
+numerical errors; rules tests/test_sampling.py states but does not pin down
+tightly enough to tell the code from a small change to it (found by mutation
+testing).
 
 Expected values are worked out by hand from the documented rules, as in
 tests/test_sampling.py.

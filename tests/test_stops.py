@@ -1,8 +1,8 @@
-"""Stop strings: cases found by mutation testing
-(gemma_cy/generation/stops.py, docs/generation.md#stop-strings).
+"""Stop strings (gemma_cy/generation/stops.py, docs/generation.md#stop-strings):
+which stop wins, what is held back, flushing, and the errors.
 
 Each test pins down a documented rule that tests/test_generation_api.py
-states only for easier inputs.
+states only for easier inputs (found by mutation testing).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""reference/layers.py: cases found by mutation testing (soft-caps at or
-below 1, the f32 RoPE table, the q8 mode's row chunks and its refusal of
-f32 matrices; docs/model.md, docs/numerics.md).
+"""reference/layers.py at the edges of its rules (soft-caps at or below 1,
+the f32 RoPE table, the q8 mode's row chunks and its refusal of f32
+matrices; docs/model.md, docs/numerics.md), cases found by mutation testing.
 
 Expected values are recomputed here in float64 from the documented formulas
 (cap * tanh(x / cap), softmax over the capped scores, cos/sin rounded once

@@ -1,8 +1,9 @@
-"""Repetition penalties: cases found by mutation testing
-(gemma_cy/generation/penalties.py, docs/generation.md#penalties).
+"""Repetition penalties (gemma_cy/generation/penalties.py,
+docs/generation.md#penalties): the sign rule, values below one, an empty
+window, and the errors naming the parameter and its range.
 
 Each test pins down a documented rule that tests/test_generation_api.py
-states only for easier inputs.
+states only for easier inputs (found by mutation testing).
 """
 from __future__ import annotations
 
