@@ -121,6 +121,26 @@ def test_the_api_key_is_required(tiny_server):
         assert h.get("/v1/models", headers=AUTH).status_code == 200
 
 
+def test_a_flood_of_unknown_paths_adds_no_metrics_series(tiny_server):
+    """1,000 random paths (404, or 401 without the key) are counted under
+    one label: /metrics does not grow with what clients ask for."""
+    import random
+
+    def series(text: str) -> set[str]:
+        return {line.split(" ")[0] for line in text.splitlines() if line.startswith("gemma_cy_requests_total")}
+    with httpx.Client(base_url=tiny_server.url, timeout=30) as h:
+        before = series(h.get("/metrics").text)
+        rng = random.Random(7)
+        for k in range(1000):
+            path = "/" + "".join(rng.choice("abcdefghij/0123456789") for _ in range(rng.randint(1, 24)))
+            h.get(path, headers=AUTH if k % 2 else {})
+        after = series(h.get("/metrics").text)
+    added = after - before  # at most: (unknown) x {401, 404}, the page "/" (a path of 1-24 characters
+    endpoints = {s.split('endpoint="')[1].split('"')[0] for s in added}  # can be "/"), /metrics's own scrape
+    assert endpoints <= {"(unknown)", "/", "/metrics"} and len(added) <= 4, sorted(added)
+    assert 'gemma_cy_requests_total{endpoint="(unknown)",status="404"}' in after
+
+
 def test_a_body_over_the_limit_is_413_before_it_is_read(tiny_server):
     with httpx.Client(base_url=tiny_server.url, headers=AUTH, timeout=30) as h:
         big = json.dumps({"prompt": "x" * 10_000}).encode()

@@ -31,6 +31,7 @@ from .requests import (FINISH_REASONS, BadRequest, RequestRun, chat_logprob, cha
 DEFAULT_MAX_BODY = 1 << 20
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 OPEN_PATHS = ("/", "/health", "/metrics")  # answered without the API key
+UNKNOWN_ENDPOINT = "(unknown)"  # the metrics label of every path the server has no route for
 PAGE = Path(__file__).with_name("chat.html")
 
 
@@ -119,16 +120,26 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
     metrics = Metrics(engine)
     app.state.engine, app.state.metrics = engine, metrics
 
+    routes: set[str] = set()  # the app's own paths: the only endpoint labels besides UNKNOWN_ENDPOINT
+
+    def endpoint_of(request: Request) -> str:
+        """The metrics label of a request: its route's path, never the raw
+        path of an unknown one (a label per requested path would let any
+        client grow /metrics without bound)."""
+        if not routes:
+            routes.update(getattr(r, "path", "") for r in app.routes)
+        return request.url.path if request.url.path in routes else UNKNOWN_ENDPOINT
+
     @app.middleware("http")
     async def count_and_check_key(request: Request, call_next):
         if api_key is not None and request.url.path not in OPEN_PATHS:
             if request.headers.get("authorization", "") != f"Bearer {api_key}":
                 response = error_response(401, "a missing or wrong API key (Authorization: Bearer KEY)",
                                           "authentication_error", code="invalid_api_key")
-                metrics.requests.labels(request.url.path, "401").inc()
+                metrics.requests.labels(endpoint_of(request), "401").inc()
                 return response
         response = await call_next(request)
-        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        metrics.requests.labels(endpoint_of(request), str(response.status_code)).inc()
         return response
 
     @app.exception_handler(StarletteHTTPException)
