@@ -120,6 +120,11 @@ def test_completions_logprobs_and_stream(client, model):
 def test_models_health_metrics_tokenize(server, client, model, default_model):
     listed = client.models.list().data
     assert [m.id for m in listed] == [os.path.basename(default_model)]
+    one = client.models.retrieve(listed[0].id)  # the official client's retrieve: GET /v1/models/{id}
+    assert one.id == listed[0].id and one.owned_by == "gemma-cy"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("no-such-model")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
     with httpx.Client(base_url=server.url, timeout=30) as h:
         assert h.get("/health").json() == {"status": "ok"}
         ids = h.post("/tokenize", json={"content": "hello world", "add_special": True}).json()["tokens"]
@@ -132,6 +137,7 @@ def test_models_health_metrics_tokenize(server, client, model, default_model):
     generated = [line for line in text.splitlines() if line.startswith("gemma_cy_generated_tokens_total")]
     assert float(generated[0].split()[-1]) > 0
     assert 'gemma_cy_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    assert 'gemma_cy_requests_total{endpoint="/v1/models/{model_id:path}",status="404"}' in text
 
 
 def test_the_served_model_name_is_checked(client):

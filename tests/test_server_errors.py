@@ -61,7 +61,7 @@ BAD = [
     ("/v1/completions", b'{"prompt": "hi", "logit_bias": {"5": 1}}', 400, "logit_bias", None),
     ("/v1/completions", b'{"prompt": [1, 2, 999999]}', 400, "999999", "prompt"),
     ("/v1/completions", b'{"prompt": []}', 400, "prompt", "prompt"),
-    ("/v1/completions", json.dumps({"prompt": list(range(3, 300))}).encode(), 400, "256", "messages"),
+    ("/v1/completions", json.dumps({"prompt": list(range(3, 300))}).encode(), 400, "256", "prompt"),
     ("/v1/completions", b'{"prompt": "hi", "model": "other"}', 404, "other", "model"),
     ("/v1/completions", b'{"prompt": "hi", "seed": -1}', 400, "seed", "seed"),
     ("/v1/chat/completions", b'{"messages": []}', 400, "messages", "messages"),
@@ -106,7 +106,7 @@ def test_the_chat_template_refusing_is_a_400(default_model):
             assert "alternate" in err["message"] and err["code"] == "template_error"
             err = error_of(h.post("/v1/chat/completions", json={"messages": [
                 {"role": "user", "content": "word " * 300}]}), 400)
-            assert "256" in err["message"] and err["code"] == "context_length_exceeded"
+            assert "256" in err["message"] and err["code"] == "context_length_exceeded" and err["param"] == "messages"
     finally:
         assert server.stop()[0] == 0
 

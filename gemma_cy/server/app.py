@@ -21,6 +21,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                generate_latest)
 from prometheus_client.core import CounterMetricFamily
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ..errors import GemmaCyError, TemplateError
 from .engine_loop import DoneEvent, EngineLoop, ErrorEvent, QueueFull, TokenEvent
@@ -120,15 +121,14 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
     metrics = Metrics(engine)
     app.state.engine, app.state.metrics = engine, metrics
 
-    routes: set[str] = set()  # the app's own paths: the only endpoint labels besides UNKNOWN_ENDPOINT
-
     def endpoint_of(request: Request) -> str:
-        """The metrics label of a request: its route's path, never the raw
-        path of an unknown one (a label per requested path would let any
-        client grow /metrics without bound)."""
-        if not routes:
-            routes.update(getattr(r, "path", "") for r in app.routes)
-        return request.url.path if request.url.path in routes else UNKNOWN_ENDPOINT
+        """The metrics label of a request: its route's path template
+        ("/v1/models/{model_id:path}"), never the raw path (a label per
+        requested path would let any client grow /metrics without bound)."""
+        for route in app.routes:
+            if route.matches(request.scope)[0] != Match.NONE:  # (PARTIAL: the path, another method)
+                return route.path
+        return UNKNOWN_ENDPOINT
 
     @app.middleware("http")
     async def count_and_check_key(request: Request, call_next):
@@ -183,10 +183,20 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
     async def metrics_text():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def model_object() -> dict:
+        return {"id": model_name, "object": "model", "created": now(), "owned_by": "gemma-cy",
+                "context_length": model.context_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": now(),
-                                            "owned_by": "gemma-cy", "context_length": model.context_len}]}
+        return {"object": "list", "data": [model_object()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def one_model(model_id: str):
+        """OpenAI's retrieve (``client.models.retrieve``): the model, or 404 model_not_found."""
+        if model_id != model_name:
+            raise ModelNotFound(f"model {model_id!r} does not exist; this server has {model_name!r}")
+        return model_object()
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

@@ -37,10 +37,11 @@ def sequence_params(model, req: Sampling, ids: list[int], max_tokens: int | None
     field. ``draft``: the server's speculative draft ("lookup" or None),
     used unless the request says (``speculative``). Sample k of ``n`` runs
     ``.for_sample(k)`` (seed + k, as ``complete(n=...)``)."""
+    where = "messages" if hasattr(req, "messages") else "prompt"  # the field that holds the prompt
     room = model.context_len - len(ids)
     if room < 1:
         raise BadRequest(f"the prompt is {len(ids)} tokens; this model's context is {model.context_len} tokens "
-                         f"(need at least one free position)", "messages", "context_length_exceeded")
+                         f"(need at least one free position)", where, "context_length_exceeded")
     if max_tokens is not None and max_tokens > room:
         raise BadRequest(f"max_tokens = {max_tokens}: the prompt's {len(ids)} tokens leave {room} of the "
                          f"context's {model.context_len}", "max_tokens", "context_length_exceeded")
@@ -48,7 +49,7 @@ def sequence_params(model, req: Sampling, ids: list[int], max_tokens: int | None
         params = req.to_params(room if max_tokens is None else max_tokens, logprobs, draft)
         model.check(ids, params)
     except ContextLengthError as e:
-        raise BadRequest(str(e), "messages", "context_length_exceeded") from None
+        raise BadRequest(str(e), where, "context_length_exceeded") from None
     except GemmaCyError as e:
         param = str(e).split(":", 1)[0].split(" ", 1)[0]
         raise BadRequest(str(e), param if param in DATA_FIELDS else None) from None
