@@ -71,6 +71,10 @@ BAD = [
      "top_logprobs"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 50}', 400,
      "top_logprobs", "top_logprobs"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": '
+     b'{"url": "x"}}]}]}', 400, 'part 0 is type "image_url"', "messages.0.content"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', 400, "text parts",
+     "messages.0.content"),
     ("/detokenize", b'{"tokens": [1, -5]}', 400, "-5", "tokens"),
     ("/v1/nowhere", b"{}", 404, "Not Found", None),
 ]

@@ -4,7 +4,7 @@
 Loads one model with ``--max_sequences`` slots, starts the engine thread
 (gemma_cy.server.engine_loop) and serves the API (gemma_cy.server.app)
 with uvicorn on ``--host``:``--port`` (loopback unless told otherwise).
-SIGINT or SIGTERM stops accepting connections; ``--on_stop finish`` (the
+SIGINT or SIGTERM drains: new requests get 503; ``--on_stop finish`` (the
 default) lets running requests finish, ``cancel`` ends them at the next
 step; then it exits 0.
 """
@@ -120,9 +120,22 @@ def run(args) -> int:
                     signal.signal(sig, handler)
 
         def handle_exit(self, sig, frame):
+            """The first signal drains: the engine takes nothing new (503s,
+            /health "stopping") while what runs finishes or is cancelled as
+            --on_stop says, and the server stops once it is idle (on_tick).
+            A second signal cancels everything and stops now."""
+            if engine.stopping:
+                engine.cancel_all()
+                super().handle_exit(sig, frame)
+                return
+            engine.stop_accepting()
             if args.on_stop == "cancel":
                 engine.cancel_all()
-            super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            if engine.stopping and engine.idle:
+                self.should_exit = True
+            return await super().on_tick(counter)
 
         async def startup(self, sockets=None):
             await super().startup(sockets)

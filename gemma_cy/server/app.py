@@ -24,13 +24,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from ..errors import GemmaCyError, TemplateError
-from .engine_loop import DoneEvent, EngineLoop, ErrorEvent, QueueFull, TokenEvent
+from .engine_loop import DoneEvent, EngineLoop, ErrorEvent, QueueFull, ShuttingDown, TokenEvent
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .requests import (FINISH_REASONS, BadRequest, RequestRun, chat_logprob, chat_messages, completion_logprobs,
                        new_id, now, prompt_id_lists, refuse_unsupported, sequence_params, usage)
 
 DEFAULT_MAX_BODY = 1 << 20
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 OPEN_PATHS = ("/", "/health", "/metrics")  # answered without the API key
 UNKNOWN_ENDPOINT = "(unknown)"  # the metrics label of every path the server has no route for
 PAGE = Path(__file__).with_name("chat.html")
@@ -160,6 +159,11 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
         return error_response(429, f"busy: {exc}; retry later", "rate_limit_error", code="queue_full",
                               headers={"Retry-After": "1"})
 
+    @app.exception_handler(ShuttingDown)
+    async def shutting_down(request: Request, exc: ShuttingDown):
+        return error_response(503, str(exc), "server_error", code="shutting_down",
+                              headers={"Retry-After": "1", "Connection": "close"})
+
     async def accepted(request: Request, shape):
         """The request's body as ``shape``, for the served model, asking only
         for what gemma-cy does (else BadRequest, or ModelNotFound)."""
@@ -175,6 +179,10 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
 
     @app.get("/health")
     async def health():
+        """200 "ok"; 503 "stopping" while a stopped server drains (so a
+        balancer sends it nothing new), 503 "busy" while its queue is full."""
+        if engine.stopping:
+            return JSONResponse({"status": "stopping"}, status_code=503, headers={"Connection": "close"})
         if not engine.accepting:
             return JSONResponse({"status": "busy"}, status_code=503, headers={"Retry-After": "1"})
         return {"status": "ok"}
@@ -320,16 +328,16 @@ async def respond(request: Request, run: RequestRun, chunks, choice, head: dict,
 
 async def gather(request: Request, run: RequestRun) -> list | None:
     """Every sequence's (Completion, error message) in order, or None if
-    the client went away first (its sequences cancelled)."""
+    the client went away first: a watcher waits on the connection's own
+    disconnect message, so the sequences are cancelled as soon as the
+    socket closes, however fast tokens arrive."""
     finals: list = [(None, None)] * len(run.tickets)
+    watcher = asyncio.create_task(abandon_when_gone(request, run))
     try:
         while run.open:
-            got = await run.next_event(DISCONNECT_POLL_S)
+            got = await run.next_event()
             if got is None:
-                if await request.is_disconnected():
-                    run.cancel()
-                    return None
-                continue
+                return None
             k, event = got
             if isinstance(event, DoneEvent) and event.completion is None:
                 finals[k] = (None, "cancelled: the server is shutting down")
@@ -340,7 +348,19 @@ async def gather(request: Request, run: RequestRun) -> list | None:
     except asyncio.CancelledError:
         run.cancel()
         raise
+    finally:
+        watcher.cancel()
     return finals
+
+
+async def abandon_when_gone(request: Request, run: RequestRun) -> None:
+    """Wait for the ASGI ``http.disconnect`` of ``request`` (its body is
+    read already, so the next message is that), then abandon ``run``."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            run.abandon()
+            return
 
 
 def sse(request: Request, run: RequestRun, chunks) -> StreamingResponse:

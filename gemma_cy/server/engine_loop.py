@@ -53,6 +53,10 @@ class QueueFull(GemmaCyError):
     """More sequences than the running batch and the queue can hold."""
 
 
+class ShuttingDown(GemmaCyError):
+    """The server was told to stop: it takes no new sequences (HTTP 503)."""
+
+
 @dataclass(eq=False)
 class Ticket:
     """One submitted sequence: its prompt, settings and sink; ``index`` in
@@ -99,11 +103,21 @@ class EngineLoop:
     def accepting(self) -> bool:
         return not self._closed and self._pending < self.capacity
 
+    @property
+    def stopping(self) -> bool:
+        """True once ``stop_accepting`` (or ``close``) was called."""
+        return self._closed
+
+    @property
+    def idle(self) -> bool:
+        """True when no submitted sequence is still running or queued."""
+        return self._pending == 0
+
     def submit(self, sequences: list[tuple[list[int], GenerationParams, Sink]]) -> list[Ticket]:
         """Queue every sequence of one request, or none (QueueFull)."""
         with self._cond:
             if self._closed:
-                raise QueueFull("the server is shutting down")
+                raise ShuttingDown("the server is shutting down; retry on another")
             if self._pending + len(sequences) > self.capacity:
                 raise QueueFull(f"{self._pending} sequences running or queued, room for {self.capacity}")
             tickets = [Ticket(list(ids), params, sink) for ids, params, sink in sequences]
@@ -126,11 +140,16 @@ class EngineLoop:
             tickets = list(self._inbox) + list(self._by_index.values())
         self.cancel(tickets)
 
-    def close(self, timeout: float | None = 5.0) -> None:
-        """Stop taking sequences; the thread ends once nothing runs."""
+    def stop_accepting(self) -> None:
+        """Take no new sequence (``submit`` raises ShuttingDown); what was
+        submitted runs on, and the thread ends once nothing runs."""
         with self._cond:
             self._closed = True
             self._cond.notify()
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """``stop_accepting``, and wait up to ``timeout`` s for the thread to end."""
+        self.stop_accepting()
         self._thread.join(timeout)
 
     def _run(self) -> None:

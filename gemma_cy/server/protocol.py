@@ -8,6 +8,7 @@ implements (``top_k``, ``min_p``, ``repeat_penalty``).
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Literal, Union
 
@@ -107,6 +108,25 @@ class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_shape(cls, value):
+        """A string or text parts; anything else named by its part, not by
+        the validator's internal path (``content.str``, ``content.list[...]``)."""
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError("expected a string or a list of text parts ({\"type\": \"text\", \"text\": ...})")
+        for i, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                what = f"type {json.dumps(kind)}" if isinstance(part, dict) else f"a {type(part).__name__}"
+                raise ValueError(f"part {i} is {what}: gemma-cy reads text parts only "
+                                 "({\"type\": \"text\", \"text\": ...})")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"part {i}: a text part needs \"text\", a string")
+        return value
 
     def text(self) -> str:
         if isinstance(self.content, list):

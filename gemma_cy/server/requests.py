@@ -70,11 +70,10 @@ class RequestRun:
             return lambda event: loop.call_soon_threadsafe(self.queue.put_nowait, (k, event))
         self.tickets = engine.submit([(ids, params, sink_of(k)) for k, (ids, params) in enumerate(sequences)])
 
-    async def next_event(self, timeout: float | None = None) -> tuple[int, Event] | None:
-        """The next event, or None after ``timeout`` seconds without one."""
-        try:
-            k, event = await asyncio.wait_for(self.queue.get(), timeout)
-        except asyncio.TimeoutError:
+    async def next_event(self) -> tuple[int, Event] | None:
+        """The next event, or None once the client went away (``abandon``)."""
+        k, event = await self.queue.get()
+        if k is None:
             return None
         if not isinstance(event, TokenEvent):
             self.open -= 1
@@ -82,6 +81,12 @@ class RequestRun:
 
     def cancel(self) -> None:
         self.engine.cancel(self.tickets)
+
+    def abandon(self) -> None:
+        """The client went away: the sequences cancelled, and the handler
+        waiting on ``next_event`` woken with None."""
+        self.cancel()
+        self.queue.put_nowait((None, None))
 
 
 def new_id(prefix: str) -> str:
