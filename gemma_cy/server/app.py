@@ -11,7 +11,9 @@ sequences cancelled at the next step.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+from importlib.metadata import version
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -25,6 +27,8 @@ from starlette.routing import Match
 
 from ..errors import GemmaCyError, TemplateError
 from .engine_loop import DoneEvent, EngineLoop, ErrorEvent, QueueFull, ShuttingDown, TokenEvent
+from .openapi import (ChatCompletion, ChatCompletionChunk, Health, ModelList, ModelObject, Text, TextCompletion,
+                      TextCompletionChunk, Tokens, completion_responses, document, errors)
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .requests import (FINISH_REASONS, BadRequest, RequestRun, chat_logprob, chat_messages, completion_logprobs,
                        new_id, now, prompt_id_lists, refuse_unsupported, sequence_params, usage)
@@ -116,7 +120,7 @@ class BodyLimit:
 def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None = None,
                max_body: int = DEFAULT_MAX_BODY, draft: str | None = None) -> FastAPI:
     disable_created_metrics()
-    app = FastAPI(title="gemma-cy", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="gemma-cy", version=version("gemma-cy"), docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     metrics = Metrics(engine)
     app.state.engine, app.state.metrics = engine, metrics
 
@@ -177,7 +181,7 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
     async def page():
         return HTMLResponse(PAGE.read_text(encoding="utf-8") if PAGE.exists() else "<p>gemma-cy</p>")
 
-    @app.get("/health")
+    @app.get("/health", response_model=Health, responses={503: {"model": Health, "description": "busy or stopping"}})
     async def health():
         """200 "ok"; 503 "stopping" while a stopped server drains (so a
         balancer sends it nothing new), 503 "busy" while its queue is full."""
@@ -187,7 +191,9 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
             return JSONResponse({"status": "busy"}, status_code=503, headers={"Retry-After": "1"})
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+                              "description": "Prometheus text"}})
     async def metrics_text():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -195,18 +201,18 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
         return {"id": model_name, "object": "model", "created": now(), "owned_by": "gemma-cy",
                 "context_length": model.context_len}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=errors(401))
     async def models():
         return {"object": "list", "data": [model_object()]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", response_model=ModelObject, responses=errors(401, 404))
     async def one_model(model_id: str):
         """OpenAI's retrieve (``client.models.retrieve``): the model, or 404 model_not_found."""
         if model_id != model_name:
             raise ModelNotFound(f"model {model_id!r} does not exist; this server has {model_name!r}")
         return model_object()
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", response_model=Tokens, responses=errors(400, 401, 413))
     async def tokenize(request: Request):
         body = await parse(request, TokenizeRequest)
         ids = model.tokenize(body.content, add_bos=body.add_special, parse_special=body.parse_special)
@@ -215,7 +221,7 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
                                for i in ids]}
         return {"tokens": ids}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", response_model=Text, responses=errors(400, 401, 413))
     async def detokenize(request: Request):
         body = await parse(request, DetokenizeRequest)
         bad = [i for i in body.tokens if not 0 <= i < model.config.vocab_size]
@@ -223,7 +229,7 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
             raise BadRequest(f"token id {bad[0]} outside the vocabulary [0, {model.config.vocab_size})", "tokens")
         return {"content": model.detokenize(body.tokens)}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=completion_responses(ChatCompletion, ChatCompletionChunk))
     async def chat_completions(request: Request):
         body = await accepted(request, ChatCompletionRequest)
         try:
@@ -248,7 +254,7 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
                                                                        include_usage),
                              choice, {**meta, "object": "chat.completion"}, len(ids))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=completion_responses(TextCompletion, TextCompletionChunk))
     async def completions(request: Request):
         body = await accepted(request, CompletionRequest)
         prompts = prompt_id_lists(model, body.prompt)
@@ -271,6 +277,7 @@ def create_app(model, engine: EngineLoop, model_name: str, api_key: str | None =
                                                                        in_tokens, include_usage),
                              choice, {**meta, "object": "text_completion"}, in_tokens)
 
+    app.openapi = functools.cache(lambda: document(app, keyed=api_key is not None))
     return BodyLimit(app, max_body)
 
 
@@ -289,7 +296,7 @@ async def parse(request: Request, shape):
     if not isinstance(data, dict):
         raise BadRequest(f"the body must be a JSON object, got {type(data).__name__}", code="json_invalid")
     try:
-        return shape.model_validate(data)
+        return shape.model_validate(data, strict=True)
     except ValidationError as e:
         first = e.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())) or None
