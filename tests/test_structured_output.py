@@ -88,13 +88,15 @@ SCHEMAS = [
 # characters), so each reply must end by the grammar within MAX_TOKENS.
 
 def unbounded(schema) -> bool:
-    """True if a match can be any length: a number (its digits), a time (its
-    fraction of a second), an object open to more keys, or such a part."""
+    """True if a match can run past MAX_TOKENS within the default bounds
+    (docs/structured_output.md#bounds): a time (its fraction of a second), an
+    object open to more keys (one that lists properties is closed unless it
+    says otherwise), or such a part. A number's digits are bounded."""
     if not isinstance(schema, dict):
         return False
-    if schema.get("type") == "number" or schema.get("format") in ("time", "date-time"):
+    if schema.get("format") in ("time", "date-time"):
         return True
-    if schema.get("type") == "object" and schema.get("additionalProperties", True) is not False:
+    if schema.get("type") == "object" and schema.get("additionalProperties", "properties" not in schema) is not False:
         return True
     if schema.get("type") == "array" and "maxItems" not in schema and schema.get("items") is not False:
         return True
@@ -214,6 +216,7 @@ def test_the_grammar_forbids_what_the_model_would_pick(model):
     (dict(response_format={"type": "yaml"}), "response_format: "),
     (dict(response_format={"type": "json_schema"}), "response_format: "),
     (dict(regex="a", choices=["a"]), "at most one constraint"),
+    (dict(json_schema={"type": "number", "x-bounds": {"integer_digits": 40}}), "json_schema: x-bounds.integer_digits"),
 ])
 def test_a_constraint_that_does_not_compile_is_refused_before_anything_runs(default_model, kw, needle):
     model = gemma_cy.load(default_model, max_cache_len=64, max_sequences=2)
@@ -273,6 +276,7 @@ def test_cli_flags_give_what_the_api_gives(default_model, tmp_path):
     (["--json_schema", "/no/such/file.json"], "--json_schema /no/such/file.json: cannot read"),
     (["--grammar", "/no/such/file.gbnf"], "--grammar /no/such/file.gbnf: cannot read"),
     (["--regex", "a", "--choice", "a"], "at most one"),
+    (["--json_schema", '{"type": "object", "x-bounds": {"depth": 3}}'], "x-bounds: unknown key 'depth'"),
 ])
 def test_cli_refuses_a_constraint_that_does_not_compile_with_exit_2(flags, needle):
     from helpers import assert_one_line_error, cli

@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import ParameterError
 from ..fast.token_mask import apply_token_mask
 from ..tokenizers.token_bytes import token_bytes
+from .json_bounds import bounded_schema
 
 # The API keywords that ask for a constraint (at most one per generation).
 CONSTRAINT_KEYWORDS = ("response_format", "json_schema", "regex", "grammar", "choices")
@@ -42,8 +43,9 @@ INSTALL = "pip install llguidance (or 'gemma-cy[structured]')"
 @dataclass(frozen=True)
 class ConstraintSpec:
     """What was asked: ``kind`` (json_schema, regex, grammar, choices) and
-    its text (a schema as JSON text, a regex, Lark or GBNF text, or the
-    choices as a JSON list), and where it came from for error messages."""
+    its text (a schema as JSON text, its default bounds added, a regex, Lark
+    or GBNF text, or the choices as a JSON list), and where it came from
+    for error messages."""
 
     kind: str
     text: str
@@ -51,6 +53,15 @@ class ConstraintSpec:
 
 
 def _schema_text(schema, where: str) -> str:
+    """The schema as JSON text, with the default bounds (json_bounds) where
+    it sets none."""
+    try:
+        return _bounded_text(schema, where)
+    except RecursionError:  # json's and the bounds' walk alike
+        raise ParameterError(f"{where}: nested deeper than Python's recursion limit") from None
+
+
+def _bounded_text(schema, where: str) -> str:
     if isinstance(schema, (bytes, bytearray)):
         schema = bytes(schema).decode("utf-8", "replace")
     if isinstance(schema, str):
@@ -62,6 +73,7 @@ def _schema_text(schema, where: str) -> str:
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise ParameterError(f"{where}: a JSON Schema is an object, got {type(schema).__name__}")
+    schema = bounded_schema(schema, where)
     try:
         return json.dumps(schema)
     except (TypeError, ValueError) as e:
