@@ -51,7 +51,7 @@ def _values(tensor) -> np.ndarray | None:
     return None
 
 
-def _read_only_map(array: np.ndarray) -> mmap.mmap | None:
+def read_only_map(array: np.ndarray) -> mmap.mmap | None:
     """The read-only mmap.mmap under ``array`` (through its chain of bases),
     or None. Read-only: its pages can be dropped (MADV_DONTNEED) and read
     back unchanged; a writable map (an arena, anonymous memory) would come
@@ -64,7 +64,7 @@ def _read_only_map(array: np.ndarray) -> mmap.mmap | None:
     return None
 
 
-def _release(source: mmap.mmap, start: int, stop: int) -> None:
+def release_range(source: mmap.mmap, start: int, stop: int) -> None:
     """Drop this process's mapping of the whole pages inside the address range
     [start, stop) of ``source`` (a read-only shared file map)."""
     map_start = np.frombuffer(source, np.uint8, count=1).ctypes.data
@@ -78,7 +78,7 @@ def _copy_releasing(dst: np.ndarray, src: np.ndarray, source: mmap.mmap) -> None
     for at in range(0, flat_src.size, COPY_CHUNK_BYTES):
         chunk = flat_src[at:at + COPY_CHUNK_BYTES]
         flat_dst[at:at + chunk.size] = chunk
-        _release(source, chunk.ctypes.data, chunk.ctypes.data + chunk.size)
+        release_range(source, chunk.ctypes.data, chunk.ctypes.data + chunk.size)
 
 
 def pack_matrices(tensors: dict[str, object], order: list[str]) -> tuple[dict[str, object], object]:
@@ -88,7 +88,7 @@ def pack_matrices(tensors: dict[str, object], order: list[str]) -> tuple[dict[st
     copies are used, or None when nothing was copied). Duplicate names are
     packed once (a tied embedding)."""
     names = [n for n in dict.fromkeys(order)
-             if (v := _values(tensors[n])) is not None and v.flags.c_contiguous and _read_only_map(v) is not None]
+             if (v := _values(tensors[n])) is not None and v.flags.c_contiguous and read_only_map(v) is not None]
     packed = {n: tensors[n] for n in order}
     if not names:
         return packed, None
@@ -106,7 +106,7 @@ def pack_matrices(tensors: dict[str, object], order: list[str]) -> tuple[dict[st
     for n, start in zip(names, starts):
         src = _values(tensors[n])
         dst = memory[start:start + src.nbytes].view(src.dtype).reshape(src.shape)
-        _copy_releasing(dst, src, _read_only_map(src))
+        _copy_releasing(dst, src, read_only_map(src))
         dst.flags.writeable = False
         # (Q8_0Tensor, Q4_KTensor, Q4_1Tensor, Q5_0Tensor hold blocks)
         field = "q" if isinstance(tensors[n], Int8Tensor) else "blocks"
@@ -145,7 +145,7 @@ def huge_page_share(tensors: dict[str, object], order: list[str]) -> float | Non
     maps: dict[int, int] = {}  # id -> the map's first address
     for n in dict.fromkeys(order):
         v = _values(tensors[n])
-        source = None if v is None or not v.flags.c_contiguous else _read_only_map(v)
+        source = None if v is None or not v.flags.c_contiguous else read_only_map(v)
         if source is None:
             continue
         int(v.reshape(-1).view(np.uint8)[::mmap.PAGESIZE].max())  # maps every page of the matrix

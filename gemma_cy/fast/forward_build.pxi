@@ -194,6 +194,7 @@ cdef class FastModelMemory:
     cdef float* k_block  # (BLOCK, kvd) the block's keys, before they go to their cache rows
     cdef float* v_block  # (BLOCK, kvd) its values
     cdef readonly Py_ssize_t cache_bytes  # of every slot's keys and values (a shared layer's count once)
+    cdef readonly Py_ssize_t panel_bytes  # of the Q8_0 matrices the q8 mode holds as panels (fast/panels.py)
     cdef Py_ssize_t* written_ends  # (n_slots,) 1 + the last position written since the slot's cache was emptied
     cdef int bad_at[BLOCK]  # per row of a block: ALL_FINITE or where it went non-finite
     # the rows of a block: row t runs position row_pos[t] of slot row_slot[t]; the rows of one slot

@@ -11,7 +11,8 @@ from cpython.mem cimport PyMem_Malloc
 
 from gemma_cy.errors import ModelFormatError
 from gemma_cy.model.checks import ACTIVATION_MODES
-from gemma_cy.fast.arena import lay_out_for_decode, release_file_maps
+from gemma_cy.fast.arena import lay_out_for_decode, read_only_map, release_file_maps, release_range
+from gemma_cy.fast.panels import ALIGN_BYTES, Q8Panels, can_pack, new_arena, panel_bytes
 from gemma_cy.fast.buffers import aligned_zeros
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
@@ -76,6 +77,12 @@ cdef int _wire_weights(FastModelMemory model, object weights) except -1:
     c = weights.config
     keep = model._keep  # every array a pointer points into
     tensors = weights.tensors
+    head = "embed_tokens" if c.tied_embeddings else "lm_head"
+    if model.act_q8 and k_q8_stores_panels():
+        # every Q8_0 (or Q5_0) matrix of 16 k rows as panels (fast/panels.py)
+        tensors = _pack_panels(tensors, ["embed_tokens", head] + [
+            f"layers.{layer}.{name}" for layer in range(c.n_layers) for name in LAYER_MATRICES], keep)
+        model.panel_bytes = sum(t.panels.nbytes for t in tensors.values() if isinstance(t, Q8Panels))
     if model.act_q8:
         # The q8 mode runs each Q5_0 matrix as its Q8_0 conversion (the
         # same weights: docs/numerics.md), laid out once here: its decode
@@ -93,7 +100,6 @@ cdef int _wire_weights(FastModelMemory model, object weights) except -1:
     # the matrices a decode step streams, in its order, copied out of the
     # file's map into one arena of 2 MiB pages, unless the map has such
     # pages already (gemma_cy/fast/arena.py)
-    head = "embed_tokens" if c.tied_embeddings else "lm_head"
     ple = c.per_layer_input_dim
     per_layer = LAYER_MATRICES + (("ple_gate", "ple_proj") if ple else ())
     packed, arena = lay_out_for_decode(tensors, (["per_layer_model_proj"] if ple else []) + [
@@ -176,8 +182,55 @@ cdef int _wire_weights(FastModelMemory model, object weights) except -1:
     return 0
 
 
+PACK_CHUNK_ROWS = 4096  # rows packed, then their file pages released, at a time
+
+
+cdef dict _pack_panels(dict tensors, list names, list keep):
+    """``tensors`` with each Q8_0 or Q5_0 matrix among ``names`` that can be
+    packed (panels.can_pack) as its Q8Panels (a Q5_0 one converted to Q8_0
+    first, the same weights), all in one arena of 2 MiB pages (kept
+    in ``keep``); each source's pages in a read-only file map released as
+    it is packed (gemma_cy/fast/panels.py). Unchanged when the arena cannot
+    be had."""
+    names = [n for n in dict.fromkeys(names) if n in tensors and can_pack(tensors[n])]
+    starts, size = [], 0
+    for n in names:
+        starts.append(size)
+        size += -(-panel_bytes(tensors[n]) // ALIGN_BYTES) * ALIGN_BYTES
+    made = new_arena(size) if names else None
+    if made is None:
+        return tensors
+    arena, memory = made
+    keep.append(arena)
+    out = dict(tensors)
+    cdef QMatrix m
+    cdef uint8_t* dst
+    cdef Py_ssize_t r0, r1
+    for n, start in zip(names, starts):
+        t = tensors[n]
+        if isinstance(t, Q5_0Tensor):  # its Q8_0 conversion, one matrix at a time (the same weights)
+            t = t.q8_0()
+        rows, nb = t.blocks.shape[:2]
+        panels = memory[start:start + panel_bytes(t)].reshape(rows // 16, nb, Q8_PANEL_BLOCK_BYTES)
+        m = _qmatrix(t, [], False)
+        dst = <uint8_t*> <size_t> panels.ctypes.data
+        source = read_only_map(t.blocks) if t.blocks.flags.c_contiguous else None
+        for r0 in range(0, rows, PACK_CHUNK_ROWS):
+            r1 = min(r0 + PACK_CHUNK_ROWS, rows)
+            with nogil:
+                k_pack_q8_panels(dst, &m, r0, r1)
+            if source is not None:
+                chunk = t.blocks[r0:r1]
+                release_range(source, chunk.ctypes.data, chunk.ctypes.data + chunk.nbytes)
+        panels.flags.writeable = False
+        out[n] = Q8Panels(panels)
+    return out
+
+
 cdef Py_ssize_t _matrix_bytes(object tensor):
     """Bytes of a weight matrix's values as stored (0 for a vector)."""
+    if isinstance(tensor, Q8Panels):
+        return tensor.panels.nbytes
     if len(tensor.shape) != 2:
         return 0
     if isinstance(tensor, (Q8_0Tensor, Q5_0Tensor, Q4_1Tensor)):
@@ -311,6 +364,18 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
         m.sub = 32  # its records'
         m.has_offset = True
         m.layout = QLAYOUT_Q4_1
+    elif isinstance(tensor, Q8Panels):
+        blocks = _array(tensor.panels, "Q8_0 panels", np.uint8, (3,))
+        if blocks.shape[2] != Q8_PANEL_BLOCK_BYTES or (<size_t> &blocks[0, 0, 0]) % 64:
+            raise ValueError(f"Q8_0 panels of shape {tensor.panels.shape}: expected (rows / 16, n, "
+                             f"{Q8_PANEL_BLOCK_BYTES}), 64-byte aligned")
+        if not k_q8_stores_panels():
+            raise ValueError("Q8_0 panels: this module's kernels do not read them (k_q8_stores_panels)")
+        keep.append(tensor.panels)
+        m.blocks = &blocks[0, 0, 0]
+        m.rows = blocks.shape[0] * Q8_PANEL_ROWS
+        m.cols = blocks.shape[1] * Q8_0_BLOCK
+        m.layout = QLAYOUT_Q8_PANELS
     else:
         raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
     if m.layout == QLAYOUT_Q4_K or m.layout == QLAYOUT_Q4_1 or m.layout == QLAYOUT_Q5_0:  # the kernels write there
@@ -342,8 +407,8 @@ cdef const float* _gain(object tensor, list keep) except? NULL:
 
 def gemm(tensor, x, str activations="f32", bint resident=False):
     """out (T, rows) = x (T, cols) . w^T for a weight matrix ``tensor``
-    (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor, Q4_1Tensor, Q5_0Tensor or a 2-D F32Tensor) the way the
-    forward pass
+    (Int8Tensor, Q8_0Tensor, AffineTensor, Q4_KTensor, Q4_1Tensor, Q5_0Tensor, a 2-D F32Tensor, or Q8Panels
+    with q8 activations) the way the forward pass
     computes a block of
     T positions (k_gemm, or k_quantize_q8 + k_gemm_q8 when activations is
     "q8"); ``resident`` picks the in-cache variant. For tests and tools."""
@@ -356,6 +421,8 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
         raise ValueError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
     if activations == "q8" and m.layout == QLAYOUT_F32:
         raise ValueError("gemm: q8 activations run integer matrices, not f32 ones")
+    if activations != "q8" and m.layout == QLAYOUT_Q8_PANELS:
+        raise ValueError("gemm: Q8_0 panels run with q8 activations only")
     if activations == "q8" and m.cols % Q8_0_BLOCK:
         raise ValueError(f"gemm: q8 activations need cols % {Q8_0_BLOCK} == 0, got {m.cols}")
     out = np.empty((x.shape[0], m.rows), np.float32)
@@ -381,6 +448,17 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
         else:
             k_gemm(&ov[0, 0], &m, &xv[0, 0], T, &sv[0])
     return out
+
+
+def q8_panels(tensor):
+    """``tensor`` (a Q8_0Tensor of a multiple of 16 rows) as Q8Panels, packed
+    by this module's k_pack_q8_panels, as the q8 mode's load packs it;
+    ValueError where the module's kernels read no panels. For tests and tools."""
+    if not k_q8_stores_panels():
+        raise ValueError("q8_panels: this module's kernels do not read panels")
+    if not can_pack(tensor):
+        raise ValueError("q8_panels: needs a Q8_0 matrix of a multiple of 16 rows")
+    return _pack_panels({"w": tensor}, ["w"], [])["w"]
 
 
 def matrix_row(tensor, Py_ssize_t row):

@@ -20,6 +20,18 @@ cdef enum QLayout:
     QLAYOUT_Q4_K = 4  # ggml's Q4_K super-blocks as the file stores them, with their sub-blocks' a, b as f32
     QLAYOUT_Q5_0 = 5  # ggml's Q5_0 blocks as the file stores them: a Q8_0 block's d and levels in 22 bytes
     QLAYOUT_Q4_1 = 6  # ggml's Q4_1 blocks as the file stores them: an affine record of 32's levels, a, b in 20 bytes
+    QLAYOUT_Q8_PANELS = 7  # a Q8_0 matrix as 16-row panels, packed at load for the q8 mode of a module that stores them
+
+# QLAYOUT_Q8_PANELS: rows (a multiple of 16) in panels of 16, back to back;
+# a panel is cols / 32 blocks of Q8_PANEL_BLOCK_BYTES, 64-byte aligned: eight
+# vectors of 64 bytes, lane i (4 bytes) of vector k holding row i's levels
+# 4 k .. 4 k + 3 of the block, each + 128 (as uint8), then the 16 rows'
+# f32(d) (16 f32). The same levels and scales as the Q8_0 blocks, so every
+# product is the Q8_0 matrix's, bit for bit (q8_vnni.pxi). Only k_gemm_q8
+# and k_matrix_row read it (the q8 mode runs every integer product).
+cdef enum:
+    Q8_PANEL_ROWS = 16
+    Q8_PANEL_BLOCK_BYTES = 576
 
 # Q4_K: each run of 256 values of a row is one super-block of 144 bytes (f16
 # d, f16 dmin, 12 bytes of 6-bit scales and mins, then 128 bytes qs):
@@ -69,7 +81,8 @@ cdef struct QMatrix:
                            # QLAYOUT_AFFINE: (rows, cols / sub, sub + 4 [+ 4]) records, 4-byte aligned;
                            # QLAYOUT_Q4_K: (rows, cols / 256, 144) super-blocks, any address;
                            # QLAYOUT_Q5_0: (rows, cols / 32, 22) blocks, any address;
-                           # QLAYOUT_Q4_1: (rows, cols / 32, 20) blocks, any address
+                           # QLAYOUT_Q4_1: (rows, cols / 32, 20) blocks, any address;
+                           # QLAYOUT_Q8_PANELS: (rows / 16, cols / 32, 576) panel blocks, 64-byte aligned
     float scale  # QLAYOUT_I8_TENSOR: the one scale of the tensor
     Py_ssize_t rows
     Py_ssize_t cols  # QLAYOUT_Q8_0, QLAYOUT_AFFINE, QLAYOUT_Q5_0, QLAYOUT_Q4_1: a multiple of 32 (QLAYOUT_Q4_K: of 256)
@@ -215,6 +228,15 @@ cdef void k_gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float*
 
 # out (w.cols,) = row ``row`` of w dequantized (an embedding lookup).
 cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil
+
+# Whether this module's k_gemm_q8 reads QLAYOUT_Q8_PANELS matrices (the
+# avx512 module's: q8_vnni.pxi); elsewhere k_pack_q8_panels writes nothing.
+cdef bint k_q8_stores_panels() noexcept nogil
+
+# Rows r0 .. r1 - 1 (multiples of 16, r1 <= w.rows) of a QLAYOUT_Q8_0 matrix
+# w (w.rows a multiple of 16) packed as panels r0 / 16 .. into dst (a
+# QLAYOUT_Q8_PANELS matrix's memory, 64-byte aligned, panel 0 at dst).
+cdef void k_pack_q8_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil
 
 # sum_i a[i] * b[i] in f32, a, b (n,): one score of k_scores, in its order.
 cdef float k_dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil

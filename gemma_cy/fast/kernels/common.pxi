@@ -167,6 +167,8 @@ cdef inline Py_ssize_t _row_bytes(const QMatrix* w) noexcept nogil:
         return _affine_row_bytes(w)
     if w.layout == QLAYOUT_F32:
         return w.cols * 4
+    if w.layout == QLAYOUT_Q8_PANELS:
+        return nb * Q8_PANEL_BLOCK_BYTES // Q8_PANEL_ROWS
     return w.cols  # QLAYOUT_I8_TENSOR
 
 
@@ -515,6 +517,22 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
     elif w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q5_0 or w.layout == QLAYOUT_Q4_1:
         tile = _converted_rows(w, row, 1)
         k_matrix_row(out, &tile, 0)
+    elif w.layout == QLAYOUT_Q8_PANELS:
+        _panel_matrix_row(out, w, row)
+
+
+cdef void _panel_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:
+    """k_matrix_row of a QLAYOUT_Q8_PANELS matrix (api.pxi): level j of the
+    row's block b is byte j % 4 of lane row % 16 of vector j // 4, minus 128;
+    times the block's f32(d), as k_dequantize_q8_0 (the same product)."""
+    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, lane = row % Q8_PANEL_ROWS, b, j
+    cdef const uint8_t* blk = w.blocks + row // Q8_PANEL_ROWS * nb * Q8_PANEL_BLOCK_BYTES
+    cdef float d
+    for b in range(nb):
+        d = _load_f32(blk + 512 + 4 * lane)
+        for j in range(Q8_0_BLOCK):
+            out[b * Q8_0_BLOCK + j] = d * <float> (<int> blk[64 * (j // 4) + 4 * lane + j % 4] - 128)
+        blk += Q8_PANEL_BLOCK_BYTES
 
 
 cdef inline uint16_t _load_u16(const uint8_t* p) noexcept nogil:

@@ -508,3 +508,17 @@ cdef bint _q8_0_positions(float* out, const QMatrix* w, const int8_t* xq, const 
     matrix (q8_vnni_positions.pxi) needs vpdpbusd; here False: _gemm_q8
     takes its other paths."""
     return False
+
+
+cdef bint k_q8_stores_panels() noexcept nogil:
+    """No: this module repacks its panels per call (above; api.pxi)."""
+    return False
+
+
+cdef void k_pack_q8_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    pass  # never called: k_q8_stores_panels() is False here
+
+
+cdef void _gemm_q8_stored(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
+                          uint8_t* scratch) noexcept nogil:
+    pass  # never called: this module stores no panels

@@ -94,3 +94,12 @@ cdef inline bint _q8_gemv_takes_q4_1() noexcept nogil:
     """The q8 mode's decode has no Q4_1 GEMV of its own here: the engine lays
     Q4_1 matrices out as records once (forward.pxi)."""
     return False
+
+
+cdef bint k_q8_stores_panels() noexcept nogil:
+    """No: this module's q8 products read Q8_0 blocks (api.pxi)."""
+    return False
+
+
+cdef void k_pack_q8_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    pass  # never called: k_q8_stores_panels() is False here

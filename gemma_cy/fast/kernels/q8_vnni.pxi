@@ -65,6 +65,7 @@ cdef extern from "immintrin.h" nogil:
     __m512i _mm512_set_epi64(long long e7, long long e6, long long e5, long long e4, long long e3,
                              long long e2, long long e1, long long e0)
     __m512i _mm512_xor_si512(__m512i a, __m512i b)
+    __m512i _mm512_add_epi32(__m512i a, __m512i b)
     __m512 _mm512_fnmadd_ps(__m512 a, __m512 b, __m512 c)
     void _mm256_storeu_ps(float* p, __m256 a)
     __m256i _mm256_loadu_si256(const __m256i* p)
@@ -79,6 +80,7 @@ cdef enum:
     PANEL_POSITIONS = 4  # positions that share each panel vector load
     PANEL_LEVEL_BYTES = 512  # a block's 32 values of 16 rows
     PANEL_MAX_BLOCK_BYTES = 768  # with four scale vectors (records of 16 with offsets)
+    PANEL_AHEAD_BYTES = 4096  # stored panels: how far the decode GEMV hints ahead of its reads
 
 
 # One position's block of 32 quantized activations as the panel kernel reads
@@ -263,3 +265,68 @@ cdef void _gemm_q8_panels(float* out, const QMatrix* w, const int8_t* xq, const 
                 memcpy(out + (t + j) * rows + r0, res + j * PANEL_ROWS, n * sizeof(float))
             t += PANEL_POSITIONS
         r0 += PANEL_ROWS
+
+
+# --- Panels stored at load (QLAYOUT_Q8_PANELS, api.pxi): the q8 mode of
+# this module packs every Q8_0 matrix of 16 k rows once (forward_weights.pxi),
+# in the layout above, so no call repacks, and a decode step streams each
+# matrix as one run of aligned 64-byte vectors that vpdpbusd takes whole:
+# no horizontal sums, no 34-byte blocks straddling lines. The sums are
+# _gemm_q8_panels' (per block the exact integer sum, then one FMA with
+# f32(d * xd), block after block), so every result is the Q8_0 matrix's.
+
+cdef bint k_q8_stores_panels() noexcept nogil:
+    return True
+
+
+cdef void k_pack_q8_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    cdef Py_ssize_t nb = w.cols // 32, r = r0
+    while r < r1:
+        _pack_panel(dst + r // PANEL_ROWS * nb * Q8_PANEL_BLOCK_BYTES, w, r, Q8_PANEL_BLOCK_BYTES)
+        r += PANEL_ROWS
+
+
+cdef inline void _panel_one(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelBlock* acts,
+                            Py_ssize_t n_pad) noexcept nogil:
+    """res[i] = the q8 product of panel row i and one position (acts[b *
+    n_pad], block b): _panel_positions' first position alone."""
+    cdef __m512 f = _mm512_setzero_ps()
+    cdef __m512i wv[8]
+    cdef __m512i lo, hi
+    cdef Py_ssize_t b, k
+    for b in range(nb):
+        for k in range(9):
+            __builtin_prefetch(panel + PANEL_AHEAD_BYTES + 64 * k)
+        for k in range(8):
+            wv[k] = _mm512_loadu_si512(panel + 64 * k)
+        # two chains of four (an exact integer sum in any grouping)
+        lo = _isum(wv, 4, acts.xq, acts.bias[0])
+        hi = _isum(wv + 4, 4, acts.xq + 16, 0)
+        _add_term(&f, _mm512_add_epi32(lo, hi), _mm512_loadu_ps(panel + PANEL_LEVEL_BYTES), acts.xd)
+        panel += Q8_PANEL_BLOCK_BYTES
+        acts += n_pad
+    _mm512_storeu_ps(res, f)
+
+
+cdef void _gemm_q8_stored(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
+                          uint8_t* scratch) noexcept nogil:
+    """k_gemm_q8 of a QLAYOUT_Q8_PANELS matrix: one position panel by panel
+    (_panel_one), more four at a time (_panel_positions); scratch: as
+    _gemm_q8_panels' (its activations part)."""
+    cdef Py_ssize_t nb = w.cols // 32, p, t, j
+    cdef Py_ssize_t n_pad = (n_tokens + PANEL_POSITIONS - 1) // PANEL_POSITIONS * PANEL_POSITIONS
+    cdef PanelBlock* acts = <PanelBlock*> ((<size_t> scratch + 63) & ~(<size_t> 63))
+    cdef const uint8_t* panel
+    cdef float res[PANEL_POSITIONS * PANEL_ROWS]
+    _panel_activations(acts, xq, xd, n_tokens, n_pad, w.cols, 32)
+    for p in range(w.rows // PANEL_ROWS):
+        panel = w.blocks + p * nb * Q8_PANEL_BLOCK_BYTES
+        if n_tokens == 1:
+            _panel_one(out + p * PANEL_ROWS, panel, nb, acts, n_pad)
+            continue
+        t = 0
+        while t < n_tokens:
+            _panel_positions(res, panel, nb, Q8_PANEL_BLOCK_BYTES, False, False, acts + t, n_pad, False, 1.0)
+            for j in range(min(<Py_ssize_t> PANEL_POSITIONS, n_tokens - t)):
+                memcpy(out + (t + j) * w.rows + p * PANEL_ROWS, res + j * PANEL_ROWS, PANEL_ROWS * sizeof(float))
+            t += PANEL_POSITIONS

@@ -709,7 +709,8 @@ cdef void _rows_q8_positions(float* out, const QMatrix* w, const int8_t* xq, con
 cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
                    float* scratch) noexcept nogil:
     """The x86 modules' k_gemm_q8: panels for a block of positions (each
-    module's _gemm_q8_panels: q8_avx2.pxi, q8_vnni.pxi; a batch's few
+    module's _gemm_q8_panels: q8_avx2.pxi, q8_vnni.pxi; panels stored at
+    load, _gemm_q8_stored: q8_vnni.pxi; a batch's few
     positions through a Q8_0 matrix row after row, _q8_0_positions where the
     module has it, else _rows_q8_positions; a Q5_0 matrix a tile
     of rows at a time converted to Q8_0, _gemm_converted); one position
@@ -717,7 +718,9 @@ cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* 
     stored, _gemv_q4_k_q8; records of 32 two rows at a time,
     _gemv_affine32_q8), and so is any other layout _panel_block does not
     read."""
-    if w.layout == QLAYOUT_Q4_K and n_tokens == 1:
+    if w.layout == QLAYOUT_Q8_PANELS:
+        _gemm_q8_stored(out, w, xq, xd, n_tokens, <uint8_t*> scratch)
+    elif w.layout == QLAYOUT_Q4_K and n_tokens == 1:
         _gemv_q4_k_q8(out, w, xq, xd)
     elif w.layout == QLAYOUT_AFFINE and w.sub == 32 and n_tokens == 1 and _gemv_affine32_q8(out, w, xq, xd):
         pass

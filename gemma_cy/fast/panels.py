@@ -1,0 +1,66 @@
+"""Q8_0 matrices packed as 16-row panels (QLAYOUT_Q8_PANELS,
+gemma_cy/fast/kernels/api.pxi) for the q8 mode of a module whose kernels
+read them (the avx512 module's, q8_vnni.pxi): docs/architecture.md#memory.
+
+Why: a decode step streams every matrix from DRAM once per token. Q8_0's
+34-byte blocks straddle cache lines, and a row's dot product ends in a
+horizontal sum; as panels, 16 rows' levels of a block lie in eight aligned
+64-byte vectors that vpdpbusd takes whole, lane i holding row i, so one
+contiguous run of vectors feeds 16 rows at once and nothing is summed
+across lanes (docs/benchmarks.md#where-a-decode-steps-bytes-go). The
+levels and scales are the file's, so every product is the Q8_0 matrix's
+bit for bit.
+
+The panels live in one anonymous arena of 2 MiB pages, written once at
+load (about 0.1 s for Gemma 3 270M); each source's file pages are released
+as it is packed, so the memory is the panels' alone (36 bytes per 32
+weights against Q8_0's 34).
+"""
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..quant.ggml import Q5_0Tensor
+from ..quant.tensors import Q8_0Tensor
+
+PANEL_ROWS = 16
+PANEL_BLOCK_BYTES = 576  # a block of 32 columns of 16 rows: 512 bytes of levels, 16 f32 scales
+ALIGN_BYTES = 64
+
+
+@dataclass(frozen=True)
+class Q8Panels:
+    """A Q8_0 matrix (rows, cols) as panels: ``panels`` (rows / 16, cols /
+    32, 576) uint8, read-only, 64-byte aligned."""
+
+    panels: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.panels.shape[0] * PANEL_ROWS, self.panels.shape[1] * 32
+
+
+def can_pack(tensor) -> bool:
+    """True for a 2-D Q8_0 (or Q5_0: its Q8_0 conversion) matrix of a multiple of 16 rows (and some)."""
+    return (isinstance(tensor, (Q8_0Tensor, Q5_0Tensor)) and tensor.blocks.ndim == 3 and tensor.blocks.shape[0] > 0
+            and tensor.blocks.shape[0] % PANEL_ROWS == 0 and tensor.blocks.shape[1] > 0)
+
+
+def panel_bytes(tensor) -> int:
+    rows, n_blocks = tensor.blocks.shape[:2]
+    return rows // PANEL_ROWS * n_blocks * PANEL_BLOCK_BYTES
+
+
+def new_arena(size: int) -> tuple[mmap.mmap, np.ndarray] | None:
+    """An anonymous writable arena of ``size`` bytes advised onto 2 MiB
+    pages, and its bytes as an array; None when it cannot be had."""
+    try:
+        arena = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:
+        return None
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        arena.madvise(mmap.MADV_HUGEPAGE)
+    return arena, np.frombuffer(arena, np.uint8)
