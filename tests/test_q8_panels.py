@@ -1,6 +1,6 @@
-"""Q8_0 matrices packed as 16-row panels (gemma_cy/fast/panels.py, the
-avx512 module's q8 mode): every product and every looked-up row is the Q8_0
-matrix's, bit for bit, for one position (decode), a few (a batch) and many
+"""Q8_0 and Q4_K matrices packed as 16-row panels (gemma_cy/fast/panels.py,
+the avx512 module's q8 mode): every product and every looked-up row is the
+matrix's own, bit for bit, for one position (decode), a few (a batch) and many
 (prefill); the packing is exact for every level and every f16 scale; a
 model in the q8 mode runs its Q8_0 matrices as panels and decodes the ids
 it decodes without them."""
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gemma_cy.fast import ops
 from gemma_cy.fast.panels import Q8Panels, can_pack
+from gemma_cy.quant.affine import Q4_KTensor
 from gemma_cy.quant.tensors import Q8_0Tensor, quantize_q8_0
 
 if "avx512" not in ops.available():
@@ -43,6 +44,24 @@ def test_products_are_the_q8_0_matrix_bit_for_bit(panels, blocks, positions, see
     assert isinstance(p, Q8Panels) and p.shape == t.shape
     x = (rng.standard_normal((positions, 32 * blocks)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
     assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
+
+
+@settings(max_examples=30, deadline=None)
+@given(panels=st.integers(1, 4), super_blocks=st.integers(1, 5), positions=st.integers(1, 9),
+       seed=st.integers(0, 2**32 - 1))
+def test_q4_k_panels_are_the_q4_k_matrix_bit_for_bit(panels, super_blocks, positions, seed):
+    """Every nibble, and sub-block scales and offsets of every size (the
+    kernels read a, b as worked out at load, not the super-block's bytes)."""
+    rng = np.random.default_rng(seed)
+    rows, cols = 16 * panels, 256 * super_blocks
+    ab = rng.standard_normal((rows, cols // 32, 2)) * 2.0 ** rng.integers(-20, 4, (rows, cols // 32, 2))
+    t = Q4_KTensor(rng.integers(0, 256, (rows, cols // 256, 144), dtype=np.uint8), ab.astype(np.float32))
+    p = AVX512.q8_panels(t)
+    assert p.levels4 and p.panels.nbytes < t.blocks.nbytes + t.ab.nbytes  # 384 bytes per 16 x 32, not 416
+    x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
+    assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
+    for row in (0, rows - 1):
+        assert same_bits(AVX512.matrix_row(p, row), AVX512.matrix_row(t, row))
 
 
 def test_rows_look_up_as_the_q8_0_matrix():

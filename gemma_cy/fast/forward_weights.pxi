@@ -12,7 +12,7 @@ from cpython.mem cimport PyMem_Malloc
 from gemma_cy.errors import ModelFormatError
 from gemma_cy.model.checks import ACTIVATION_MODES
 from gemma_cy.fast.arena import lay_out_for_decode, read_only_map, release_file_maps, release_range
-from gemma_cy.fast.panels import ALIGN_BYTES, Q8Panels, can_pack, new_arena, panel_bytes
+from gemma_cy.fast.panels import ALIGN_BYTES, Q8Panels, can_pack, new_arena, panel_bytes, panel_shape
 from gemma_cy.fast.buffers import aligned_zeros
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
@@ -210,9 +210,9 @@ cdef dict _pack_panels(dict tensors, list names, list keep):
         t = tensors[n]
         if isinstance(t, Q5_0Tensor):  # its Q8_0 conversion, one matrix at a time (the same weights)
             t = t.q8_0()
-        rows, nb = t.blocks.shape[:2]
-        panels = memory[start:start + panel_bytes(t)].reshape(rows // 16, nb, Q8_PANEL_BLOCK_BYTES)
-        m = _qmatrix(t, [], False)
+        rows = t.blocks.shape[0]
+        panels = memory[start:start + panel_bytes(t)].reshape(panel_shape(t))
+        m = _qmatrix(t, [], False, _convert_scratch([t], 1), 1)
         dst = <uint8_t*> <size_t> panels.ctypes.data
         source = read_only_map(t.blocks) if t.blocks.flags.c_contiguous else None
         for r0 in range(0, rows, PACK_CHUNK_ROWS):
@@ -223,7 +223,7 @@ cdef dict _pack_panels(dict tensors, list names, list keep):
                 chunk = t.blocks[r0:r1]
                 release_range(source, chunk.ctypes.data, chunk.ctypes.data + chunk.nbytes)
         panels.flags.writeable = False
-        out[n] = Q8Panels(panels)
+        out[n] = Q8Panels(panels, isinstance(t, Q4_KTensor))
     return out
 
 
@@ -365,10 +365,11 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
         m.has_offset = True
         m.layout = QLAYOUT_Q4_1
     elif isinstance(tensor, Q8Panels):
-        blocks = _array(tensor.panels, "Q8_0 panels", np.uint8, (3,))
-        if blocks.shape[2] != Q8_PANEL_BLOCK_BYTES or (<size_t> &blocks[0, 0, 0]) % 64:
-            raise ValueError(f"Q8_0 panels of shape {tensor.panels.shape}: expected (rows / 16, n, "
-                             f"{Q8_PANEL_BLOCK_BYTES}), 64-byte aligned")
+        blocks = _array(tensor.panels, "panels", np.uint8, (3,))
+        need = Q4_PANEL_BLOCK_BYTES if tensor.levels4 else Q8_PANEL_BLOCK_BYTES
+        if blocks.shape[2] != need or (<size_t> &blocks[0, 0, 0]) % 64:
+            raise ValueError(f"panels of shape {tensor.panels.shape}: expected (rows / 16, n, {need}), "
+                             f"64-byte aligned")
         if not k_q8_stores_panels():
             raise ValueError("Q8_0 panels: this module's kernels do not read them (k_q8_stores_panels)")
         keep.append(tensor.panels)
@@ -376,6 +377,10 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
         m.rows = blocks.shape[0] * Q8_PANEL_ROWS
         m.cols = blocks.shape[1] * Q8_0_BLOCK
         m.layout = QLAYOUT_Q8_PANELS
+        if tensor.levels4:  # Q4_K's: records of 32 with an offset
+            m.layout = QLAYOUT_Q4_PANELS
+            m.sub = 32
+            m.has_offset = True
     else:
         raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
     if m.layout == QLAYOUT_Q4_K or m.layout == QLAYOUT_Q4_1 or m.layout == QLAYOUT_Q5_0:  # the kernels write there
@@ -421,7 +426,7 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
         raise ValueError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
     if activations == "q8" and m.layout == QLAYOUT_F32:
         raise ValueError("gemm: q8 activations run integer matrices, not f32 ones")
-    if activations != "q8" and m.layout == QLAYOUT_Q8_PANELS:
+    if activations != "q8" and (m.layout == QLAYOUT_Q8_PANELS or m.layout == QLAYOUT_Q4_PANELS):
         raise ValueError("gemm: Q8_0 panels run with q8 activations only")
     if activations == "q8" and m.cols % Q8_0_BLOCK:
         raise ValueError(f"gemm: q8 activations need cols % {Q8_0_BLOCK} == 0, got {m.cols}")
@@ -451,13 +456,13 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
 
 
 def q8_panels(tensor):
-    """``tensor`` (a Q8_0Tensor of a multiple of 16 rows) as Q8Panels, packed
+    """``tensor`` (a Q8_0Tensor or Q4_KTensor of a multiple of 16 rows) as Q8Panels, packed
     by this module's k_pack_q8_panels, as the q8 mode's load packs it;
     ValueError where the module's kernels read no panels. For tests and tools."""
     if not k_q8_stores_panels():
         raise ValueError("q8_panels: this module's kernels do not read panels")
     if not can_pack(tensor):
-        raise ValueError("q8_panels: needs a Q8_0 matrix of a multiple of 16 rows")
+        raise ValueError("q8_panels: needs a Q8_0 or Q4_K matrix of a multiple of 16 rows")
     return _pack_panels({"w": tensor}, ["w"], [])["w"]
 
 

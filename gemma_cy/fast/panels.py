@@ -1,4 +1,4 @@
-"""Q8_0 matrices packed as 16-row panels (QLAYOUT_Q8_PANELS,
+"""Q8_0 and Q4_K matrices packed as 16-row panels (QLAYOUT_Q8_PANELS, QLAYOUT_Q4_PANELS,
 gemma_cy/fast/kernels/api.pxi) for the q8 mode of a module whose kernels
 read them (the avx512 module's, q8_vnni.pxi): docs/architecture.md#memory.
 
@@ -8,13 +8,14 @@ horizontal sum; as panels, 16 rows' levels of a block lie in eight aligned
 64-byte vectors that vpdpbusd takes whole, lane i holding row i, so one
 contiguous run of vectors feeds 16 rows at once and nothing is summed
 across lanes (docs/benchmarks.md#where-a-decode-steps-bytes-go). The
-levels and scales are the file's, so every product is the Q8_0 matrix's
-bit for bit.
+levels and scales are the file's, so every product is the matrix's own
+bit for bit. Q4_K's levels stay two to a byte (unpacked by a mask and a
+shift), its sub-blocks' a and b beside them as vectors.
 
 The panels live in one anonymous arena of 2 MiB pages, written once at
 load (about 0.1 s for Gemma 3 270M); each source's file pages are released
 as it is packed, so the memory is the panels' alone (36 bytes per 32
-weights against Q8_0's 34).
+weights against Q8_0's 34, 24 against Q4_K's 26 with its a, b).
 """
 from __future__ import annotations
 
@@ -23,20 +24,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..quant.affine import Q4_KTensor
 from ..quant.ggml import Q5_0Tensor
 from ..quant.tensors import Q8_0Tensor
 
 PANEL_ROWS = 16
 PANEL_BLOCK_BYTES = 576  # a block of 32 columns of 16 rows: 512 bytes of levels, 16 f32 scales
+Q4_PANEL_BLOCK_BYTES = 384  # Q4_K's: 256 bytes of 4-bit levels, 16 f32 a, 16 f32 b
 ALIGN_BYTES = 64
 
 
 @dataclass(frozen=True)
 class Q8Panels:
     """A Q8_0 matrix (rows, cols) as panels: ``panels`` (rows / 16, cols /
-    32, 576) uint8, read-only, 64-byte aligned."""
+    32, 576) uint8, read-only, 64-byte aligned; or (``levels4``) a Q4_K one,
+    (rows / 16, cols / 32, 384)."""
 
     panels: np.ndarray
+    levels4: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -44,14 +49,19 @@ class Q8Panels:
 
 
 def can_pack(tensor) -> bool:
-    """True for a 2-D Q8_0 (or Q5_0: its Q8_0 conversion) matrix of a multiple of 16 rows (and some)."""
-    return (isinstance(tensor, (Q8_0Tensor, Q5_0Tensor)) and tensor.blocks.ndim == 3 and tensor.blocks.shape[0] > 0
+    """True for a 2-D Q8_0 (or Q5_0: its Q8_0 conversion) or Q4_K matrix of a multiple of 16 rows (and some)."""
+    return (isinstance(tensor, (Q8_0Tensor, Q5_0Tensor, Q4_KTensor)) and tensor.blocks.ndim == 3 and tensor.blocks.shape[0] > 0
             and tensor.blocks.shape[0] % PANEL_ROWS == 0 and tensor.blocks.shape[1] > 0)
 
 
+def panel_shape(tensor) -> tuple[int, int, int]:
+    """The shape of ``tensor``'s Q8Panels.panels."""
+    rows, cols = tensor.blocks.shape[0], tensor.shape[1]
+    return rows // PANEL_ROWS, cols // 32, Q4_PANEL_BLOCK_BYTES if isinstance(tensor, Q4_KTensor) else PANEL_BLOCK_BYTES
+
+
 def panel_bytes(tensor) -> int:
-    rows, n_blocks = tensor.blocks.shape[:2]
-    return rows // PANEL_ROWS * n_blocks * PANEL_BLOCK_BYTES
+    return int(np.prod(panel_shape(tensor)))
 
 
 def new_arena(size: int) -> tuple[mmap.mmap, np.ndarray] | None:

@@ -21,6 +21,7 @@ cdef enum QLayout:
     QLAYOUT_Q5_0 = 5  # ggml's Q5_0 blocks as the file stores them: a Q8_0 block's d and levels in 22 bytes
     QLAYOUT_Q4_1 = 6  # ggml's Q4_1 blocks as the file stores them: an affine record of 32's levels, a, b in 20 bytes
     QLAYOUT_Q8_PANELS = 7  # a Q8_0 matrix as 16-row panels, packed at load for the q8 mode of a module that stores them
+    QLAYOUT_Q4_PANELS = 8  # a Q4_K matrix as 16-row panels of 4-bit levels, likewise
 
 # QLAYOUT_Q8_PANELS: rows (a multiple of 16) in panels of 16, back to back;
 # a panel is cols / 32 blocks of Q8_PANEL_BLOCK_BYTES, 64-byte aligned: eight
@@ -29,9 +30,16 @@ cdef enum QLayout:
 # f32(d) (16 f32). The same levels and scales as the Q8_0 blocks, so every
 # product is the Q8_0 matrix's, bit for bit (q8_vnni.pxi). Only k_gemm_q8
 # and k_matrix_row read it (the q8 mode runs every integer product).
+# QLAYOUT_Q4_PANELS: a Q4_K matrix the same way with its 4-bit levels two to
+# a byte: per block of 32 columns, four vectors of 64 bytes whose low nibbles
+# are vectors 0-3 of a QLAYOUT_Q8_PANELS block and high nibbles vectors 4-7
+# (the levels 0 .. 15 themselves, not + 128), then the 16 rows' sub-block a,
+# then their b (f32): Q4_PANEL_BLOCK_BYTES, against the 416 bytes those 16 x
+# 32 weights take as Q4_K super-blocks with their a, b.
 cdef enum:
     Q8_PANEL_ROWS = 16
     Q8_PANEL_BLOCK_BYTES = 576
+    Q4_PANEL_BLOCK_BYTES = 384
 
 # Q4_K: each run of 256 values of a row is one super-block of 144 bytes (f16
 # d, f16 dmin, 12 bytes of 6-bit scales and mins, then 128 bytes qs):
@@ -82,7 +90,8 @@ cdef struct QMatrix:
                            # QLAYOUT_Q4_K: (rows, cols / 256, 144) super-blocks, any address;
                            # QLAYOUT_Q5_0: (rows, cols / 32, 22) blocks, any address;
                            # QLAYOUT_Q4_1: (rows, cols / 32, 20) blocks, any address;
-                           # QLAYOUT_Q8_PANELS: (rows / 16, cols / 32, 576) panel blocks, 64-byte aligned
+                           # QLAYOUT_Q8_PANELS: (rows / 16, cols / 32, 576) panel blocks, 64-byte aligned;
+                           # QLAYOUT_Q4_PANELS: (rows / 16, cols / 32, 384), likewise
     float scale  # QLAYOUT_I8_TENSOR: the one scale of the tensor
     Py_ssize_t rows
     Py_ssize_t cols  # QLAYOUT_Q8_0, QLAYOUT_AFFINE, QLAYOUT_Q5_0, QLAYOUT_Q4_1: a multiple of 32 (QLAYOUT_Q4_K: of 256)
@@ -233,9 +242,10 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
 # avx512 module's: q8_vnni.pxi); elsewhere k_pack_q8_panels writes nothing.
 cdef bint k_q8_stores_panels() noexcept nogil
 
-# Rows r0 .. r1 - 1 (multiples of 16, r1 <= w.rows) of a QLAYOUT_Q8_0 matrix
-# w (w.rows a multiple of 16) packed as panels r0 / 16 .. into dst (a
-# QLAYOUT_Q8_PANELS matrix's memory, 64-byte aligned, panel 0 at dst).
+# Rows r0 .. r1 - 1 (multiples of 16, r1 <= w.rows) of a QLAYOUT_Q8_0 (or
+# QLAYOUT_Q4_K) matrix w (w.rows a multiple of 16) packed as panels r0 / 16
+# .. into dst (a QLAYOUT_Q8_PANELS (QLAYOUT_Q4_PANELS) matrix's memory,
+# 64-byte aligned, panel 0 at dst).
 cdef void k_pack_q8_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil
 
 # sum_i a[i] * b[i] in f32, a, b (n,): one score of k_scores, in its order.

@@ -169,6 +169,8 @@ cdef inline Py_ssize_t _row_bytes(const QMatrix* w) noexcept nogil:
         return w.cols * 4
     if w.layout == QLAYOUT_Q8_PANELS:
         return nb * Q8_PANEL_BLOCK_BYTES // Q8_PANEL_ROWS
+    if w.layout == QLAYOUT_Q4_PANELS:
+        return nb * Q4_PANEL_BLOCK_BYTES // Q8_PANEL_ROWS
     return w.cols  # QLAYOUT_I8_TENSOR
 
 
@@ -519,6 +521,27 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
         k_matrix_row(out, &tile, 0)
     elif w.layout == QLAYOUT_Q8_PANELS:
         _panel_matrix_row(out, w, row)
+    elif w.layout == QLAYOUT_Q4_PANELS:
+        _q4_panel_matrix_row(out, w, row)
+
+
+cdef void _q4_panel_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:
+    """k_matrix_row of a QLAYOUT_Q4_PANELS matrix (api.pxi): level j of the
+    row's block b is the low (j < 16) or high nibble of byte j % 4 of lane
+    row % 16 of vector (j // 4) % 4; weight = (a q) - b, as the Q4_K
+    matrix's records give it (k_dequantize_affine)."""
+    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, lane = row % Q8_PANEL_ROWS, b, j
+    cdef const uint8_t* blk = w.blocks + row // Q8_PANEL_ROWS * nb * Q4_PANEL_BLOCK_BYTES
+    cdef float a, o
+    cdef int level
+    for b in range(nb):
+        a = _load_f32(blk + 256 + 4 * lane)
+        o = _load_f32(blk + 320 + 4 * lane)
+        for j in range(Q8_0_BLOCK):
+            level = blk[64 * ((j // 4) % 4) + 4 * lane + j % 4]
+            level = (level >> 4) if j >= 16 else (level & 15)
+            out[b * Q8_0_BLOCK + j] = (a * <float> level) - o
+        blk += Q4_PANEL_BLOCK_BYTES
 
 
 cdef void _panel_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:

@@ -66,6 +66,11 @@ cdef extern from "immintrin.h" nogil:
                              long long e2, long long e1, long long e0)
     __m512i _mm512_xor_si512(__m512i a, __m512i b)
     __m512i _mm512_add_epi32(__m512i a, __m512i b)
+    __m512i _mm512_and_si512(__m512i a, __m512i b)
+    __m512i _mm512_or_si512(__m512i a, __m512i b)
+    __m512i _mm512_srli_epi16(__m512i a, unsigned int imm)
+    __m512i _mm512_slli_epi16(__m512i a, unsigned int imm)
+    __m512i _mm512_set1_epi8(char a)
     __m512 _mm512_fnmadd_ps(__m512 a, __m512 b, __m512 c)
     void _mm256_storeu_ps(float* p, __m256 a)
     __m256i _mm256_loadu_si256(const __m256i* p)
@@ -281,9 +286,82 @@ cdef bint k_q8_stores_panels() noexcept nogil:
 
 cdef void k_pack_q8_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
     cdef Py_ssize_t nb = w.cols // 32, r = r0
+    if w.layout == QLAYOUT_Q4_K:
+        _pack_q4_panels(dst, w, r0, r1)
+        return
     while r < r1:
         _pack_panel(dst + r // PANEL_ROWS * nb * Q8_PANEL_BLOCK_BYTES, w, r, Q8_PANEL_BLOCK_BYTES)
         r += PANEL_ROWS
+
+
+cdef void _pack_q4_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """k_pack_q8_panels of a Q4_K matrix: each block as _pack_panel lays it
+    out (levels + 128, a, b), its level vectors k and k + 4 folded into one
+    of nibbles (the + 128 taken off: levels 0 .. 15), then a and b."""
+    cdef Py_ssize_t nb = w.cols // 32, r = r0, b, k
+    cdef __m256i y[16]
+    cdef PanelRows rows
+    cdef uint8_t tmp[PANEL_LEVEL_BYTES + 128]
+    cdef uint8_t* blk
+    cdef __m512i m15 = _mm512_set1_epi8(15)
+    while r < r1:
+        _panel_rows(&rows, w, r)
+        for b in range(nb):
+            blk = dst + (r // PANEL_ROWS * nb + b) * Q4_PANEL_BLOCK_BYTES
+            _panel_block(<q8_m256i*> y, <float*> (tmp + PANEL_LEVEL_BYTES), w, &rows, b)
+            _pack_levels(tmp, y)
+            for k in range(4):
+                _mm512_storeu_si512(blk + 64 * k, _mm512_or_si512(
+                    _mm512_and_si512(_mm512_loadu_si512(tmp + 64 * k), m15),
+                    _mm512_slli_epi16(_mm512_and_si512(_mm512_loadu_si512(tmp + 64 * (k + 4)), m15), 4)))
+            memcpy(blk + 256, tmp + PANEL_LEVEL_BYTES, 128)  # a, then b
+        r += PANEL_ROWS
+
+
+cdef inline void _q4_levels(__m512i* wv, const uint8_t* blk) noexcept nogil:
+    """The eight level vectors of a QLAYOUT_Q4_PANELS block as a
+    QLAYOUT_Q8_PANELS block holds them (levels + 128)."""
+    cdef __m512i m15 = _mm512_set1_epi8(15), top = _mm512_set1_epi8(-128)
+    cdef __m512i v
+    cdef Py_ssize_t k
+    for k in range(4):
+        v = _mm512_loadu_si512(blk + 64 * k)
+        wv[k] = _mm512_or_si512(_mm512_and_si512(v, m15), top)
+        wv[k + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m15), top)
+
+
+cdef inline void _q4_panel_one(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelBlock* acts,
+                               Py_ssize_t n_pad) noexcept nogil:
+    """_panel_one of a QLAYOUT_Q4_PANELS panel: per block the exact integer
+    sum (two chains), then the a term and the b offset, _position_block's
+    order for records of 32 with an offset."""
+    cdef __m512 f = _mm512_setzero_ps()
+    cdef __m512i wv[8]
+    cdef Py_ssize_t b, k
+    for b in range(nb):
+        for k in range(6):
+            __builtin_prefetch(panel + PANEL_AHEAD_BYTES + 64 * k)
+        _q4_levels(wv, panel)
+        _add_term(&f, _mm512_add_epi32(_isum(wv, 4, acts.xq, acts.bias[0]), _isum(wv + 4, 4, acts.xq + 16, 0)),
+                  _mm512_loadu_ps(panel + 256), acts.xd)
+        _sub_offset(&f, _mm512_loadu_ps(panel + 320), acts.xd, acts.qsum[0])
+        panel += Q4_PANEL_BLOCK_BYTES
+        acts += n_pad
+    _mm512_storeu_ps(res, f)
+
+
+cdef void _q4_unpack_panel(uint8_t* dst, const uint8_t* panel, Py_ssize_t nb) noexcept nogil:
+    """A QLAYOUT_Q4_PANELS panel as _pack_panel lays out a Q4_K one (block
+    bytes PANEL_LEVEL_BYTES + 128), for the four-position kernel."""
+    cdef __m512i wv[8]
+    cdef Py_ssize_t b, k
+    for b in range(nb):
+        _q4_levels(wv, panel)
+        for k in range(8):
+            _mm512_storeu_si512(dst + 64 * k, wv[k])
+        memcpy(dst + PANEL_LEVEL_BYTES, panel + 256, 128)
+        dst += PANEL_LEVEL_BYTES + 128
+        panel += Q4_PANEL_BLOCK_BYTES
 
 
 cdef inline void _panel_one(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelBlock* acts,
@@ -310,23 +388,34 @@ cdef inline void _panel_one(float* res, const uint8_t* panel, Py_ssize_t nb, con
 
 cdef void _gemm_q8_stored(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
                           uint8_t* scratch) noexcept nogil:
-    """k_gemm_q8 of a QLAYOUT_Q8_PANELS matrix: one position panel by panel
-    (_panel_one), more four at a time (_panel_positions); scratch: as
-    _gemm_q8_panels' (its activations part)."""
+    """k_gemm_q8 of a QLAYOUT_Q8_PANELS or QLAYOUT_Q4_PANELS matrix: one
+    position panel by panel (_panel_one, _q4_panel_one), more four at a time
+    (_panel_positions, a Q4 panel unpacked first); scratch: as
+    _gemm_q8_panels'."""
     cdef Py_ssize_t nb = w.cols // 32, p, t, j
     cdef Py_ssize_t n_pad = (n_tokens + PANEL_POSITIONS - 1) // PANEL_POSITIONS * PANEL_POSITIONS
-    cdef PanelBlock* acts = <PanelBlock*> ((<size_t> scratch + 63) & ~(<size_t> 63))
+    cdef bint q4 = w.layout == QLAYOUT_Q4_PANELS
+    cdef Py_ssize_t stored = Q4_PANEL_BLOCK_BYTES if q4 else Q8_PANEL_BLOCK_BYTES
+    cdef Py_ssize_t block_bytes = PANEL_LEVEL_BYTES + 128 if q4 else Q8_PANEL_BLOCK_BYTES  # as _panel_positions reads
+    cdef uint8_t* unpacked = <uint8_t*> ((<size_t> scratch + 63) & ~(<size_t> 63))  # a Q4 panel, unpacked
+    cdef PanelBlock* acts = <PanelBlock*> (unpacked + nb * PANEL_MAX_BLOCK_BYTES)
     cdef const uint8_t* panel
     cdef float res[PANEL_POSITIONS * PANEL_ROWS]
     _panel_activations(acts, xq, xd, n_tokens, n_pad, w.cols, 32)
     for p in range(w.rows // PANEL_ROWS):
-        panel = w.blocks + p * nb * Q8_PANEL_BLOCK_BYTES
+        panel = w.blocks + p * nb * stored
         if n_tokens == 1:
-            _panel_one(out + p * PANEL_ROWS, panel, nb, acts, n_pad)
+            if q4:
+                _q4_panel_one(out + p * PANEL_ROWS, panel, nb, acts, n_pad)
+            else:
+                _panel_one(out + p * PANEL_ROWS, panel, nb, acts, n_pad)
             continue
+        if q4:
+            _q4_unpack_panel(unpacked, panel, nb)
+            panel = unpacked
         t = 0
         while t < n_tokens:
-            _panel_positions(res, panel, nb, Q8_PANEL_BLOCK_BYTES, False, False, acts + t, n_pad, False, 1.0)
+            _panel_positions(res, panel, nb, block_bytes, False, q4, acts + t, n_pad, False, 1.0)
             for j in range(min(<Py_ssize_t> PANEL_POSITIONS, n_tokens - t)):
                 memcpy(out + (t + j) * w.rows + p * PANEL_ROWS, res + j * PANEL_ROWS, PANEL_ROWS * sizeof(float))
             t += PANEL_POSITIONS
