@@ -13,7 +13,8 @@ bit for bit. Q4_K's levels stay two to a byte (unpacked by a mask and a
 shift), its sub-blocks' a and b beside them as vectors.
 
 The panels live in one anonymous arena of 2 MiB pages, written once at
-load (about 0.1 s for Gemma 3 270M); each source's file pages are released
+load (Gemma 3 270M's q8 engine started 0-0.2 s later on the Zen 4 VM, within
+the noise of a shared host); each source's file pages are released
 as it is packed, so the memory is the panels' alone (36 bytes per 32
 weights against Q8_0's 34, 24 against Q4_K's 26 with its a, b).
 """
