@@ -101,6 +101,7 @@ SYMBOL_SHARE = 0.02  # of a layout's window's module samples, to make a function
 MIN_WINDOW_SAMPLES = 200  # below this a layout's window is reported as too thin to learn from
 PROBE_STREAMS = (1, 2, 4)
 Q8_Q4_1_ISAS = ("avx2", "avx512")  # modules whose q8 GEMV reads Q4_1 as stored (q8_x86.pxi)
+PANEL_ISAS = ("avx512",)  # modules whose q8 mode packs matrices as panels at load (k_q8_stores_panels)
 HEAD_CALLER = "FastModel_logits"
 
 
@@ -113,8 +114,13 @@ def short_prompt(path: str) -> list[int]:
 
 
 def held_form(tensor, mode: str, isa: str):
-    """The tensor as the fast engine holds it (_wire_weights' load-time layouts)."""
+    """The tensor as the fast engine holds it (_wire_weights' load-time
+    layouts); panels as an untouched array of their shape, which
+    adopt_engine_arrays replaces by the engine's own."""
+    from gemma_cy.fast.panels import Q8Panels, can_pack, has_levels4, panel_shape
     from gemma_cy.quant.ggml import Q4_1Tensor, Q5_0Tensor
+    if mode == "q8" and isa in PANEL_ISAS and can_pack(tensor):
+        return Q8Panels(np.empty(panel_shape(tensor), np.uint8), has_levels4(tensor))
     if mode == "q8" and isinstance(tensor, Q5_0Tensor):
         return tensor.q8_0()
     if mode == "q8" and isinstance(tensor, Q4_1Tensor) and isa not in Q8_Q4_1_ISAS:
@@ -123,7 +129,9 @@ def held_form(tensor, mode: str, isa: str):
 
 
 def form_name(tensor) -> str:
-    """"Q8_0", "Q4_K", "records of 16" ... : a held tensor's layout."""
+    """"Q8_0", "Q4_K", "records of 16", "Q4 panels" ... : a held tensor's layout."""
+    if hasattr(tensor, "levels4"):
+        return "Q4 panels" if tensor.levels4 else "Q8_0 panels"
     if hasattr(tensor, "sub") and hasattr(tensor, "records"):
         return f"records of {tensor.sub}" + (" with offsets" if tensor.has_offset else "")
     return type(tensor).__name__.removesuffix("Tensor")
@@ -253,9 +261,15 @@ def page_figures(matrices: list[dict], arenas: list[int]) -> list[dict]:
 
 def stacked(tensors: list):
     """One tensor of the rows of ``tensors`` (same class and columns) one after the other."""
+    from gemma_cy.fast.panels import new_arena
     first = tensors[0]
     if len(tensors) == 1:
         return first
+    if hasattr(first, "levels4"):  # panels: one 64-byte aligned array
+        whole = new_arena(sum(t.panels.nbytes for t in tensors))[1]
+        whole = whole.reshape(-1, *first.panels.shape[1:])
+        np.concatenate([t.panels for t in tensors], out=whole)
+        return dataclasses.replace(first, panels=whole)
     return dataclasses.replace(first, **{name: np.concatenate([arrays_of(t)[name] for t in tensors])
                                          for name in arrays_of(first)})
 

@@ -1,4 +1,4 @@
-"""Q8_0 and Q4_K matrices packed as 16-row panels (gemma_cy/fast/panels.py,
+"""Q8_0, Q4_K and Q4_1 matrices packed as 16-row panels (gemma_cy/fast/panels.py,
 the avx512 module's q8 mode): every product and every looked-up row is the
 matrix's own, bit for bit, for one position (decode), a few (a batch) and many
 (prefill); the packing is exact for every level and every f16 scale; a
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from gemma_cy.fast import ops
 from gemma_cy.fast.panels import Q8Panels, can_pack
 from gemma_cy.quant.affine import Q4_KTensor
+from gemma_cy.quant.ggml import Q4_1Tensor
 from gemma_cy.quant.tensors import Q8_0Tensor, quantize_q8_0
 
 if "avx512" not in ops.available():
@@ -58,6 +59,27 @@ def test_q4_k_panels_are_the_q4_k_matrix_bit_for_bit(panels, super_blocks, posit
     t = Q4_KTensor(rng.integers(0, 256, (rows, cols // 256, 144), dtype=np.uint8), ab.astype(np.float32))
     p = AVX512.q8_panels(t)
     assert p.levels4 and p.panels.nbytes < t.blocks.nbytes + t.ab.nbytes  # 384 bytes per 16 x 32, not 416
+    x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
+    assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
+    for row in (0, rows - 1):
+        assert same_bits(AVX512.matrix_row(p, row), AVX512.matrix_row(t, row))
+
+
+@settings(max_examples=30, deadline=None)
+@given(panels=st.integers(1, 4), blocks=st.integers(1, 24), positions=st.integers(1, 9),
+       seed=st.integers(0, 2**32 - 1))
+def test_q4_1_panels_are_the_q4_1_matrix_bit_for_bit(panels, blocks, positions, seed):
+    """Every nibble, f16 scales d and offsets m of every size and sign (the
+    panels hold a = f32(d), b = -f32(m)); decode, a batch's few positions and
+    a prefill's many, against the Q4_1 matrix as stored."""
+    rng = np.random.default_rng(seed)
+    rows, cols = 16 * panels, 32 * blocks
+    raw = rng.integers(0, 256, (rows, blocks, 20), dtype=np.uint8)
+    dm = rng.uniform(-2.0, 2.0, (rows, blocks, 2)) * 2.0 ** rng.integers(-20, 4, (rows, blocks, 2))
+    raw[..., :4] = dm.astype(np.float16).view(np.uint8).reshape(rows, blocks, 4)
+    t = Q4_1Tensor(raw)
+    p = AVX512.q8_panels(t)
+    assert p.levels4 and p.panels.nbytes == rows * blocks * 24  # 384 bytes per 16 x 32
     x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
     assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
     for row in (0, rows - 1):

@@ -12,7 +12,7 @@ from cpython.mem cimport PyMem_Malloc
 from gemma_cy.errors import ModelFormatError
 from gemma_cy.model.checks import ACTIVATION_MODES
 from gemma_cy.fast.arena import lay_out_for_decode, read_only_map, release_file_maps, release_range
-from gemma_cy.fast.panels import ALIGN_BYTES, Q8Panels, can_pack, new_arena, panel_bytes, panel_shape
+from gemma_cy.fast.panels import ALIGN_BYTES, Q8Panels, can_pack, has_levels4, new_arena, panel_bytes, panel_shape
 from gemma_cy.fast.buffers import aligned_zeros
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
@@ -223,7 +223,7 @@ cdef dict _pack_panels(dict tensors, list names, list keep):
                 chunk = t.blocks[r0:r1]
                 release_range(source, chunk.ctypes.data, chunk.ctypes.data + chunk.nbytes)
         panels.flags.writeable = False
-        out[n] = Q8Panels(panels, isinstance(t, Q4_KTensor))
+        out[n] = Q8Panels(panels, has_levels4(t))
     return out
 
 
@@ -377,7 +377,7 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
         m.rows = blocks.shape[0] * Q8_PANEL_ROWS
         m.cols = blocks.shape[1] * Q8_0_BLOCK
         m.layout = QLAYOUT_Q8_PANELS
-        if tensor.levels4:  # Q4_K's: records of 32 with an offset
+        if tensor.levels4:  # Q4_K's or Q4_1's: records of 32 with an offset
             m.layout = QLAYOUT_Q4_PANELS
             m.sub = 32
             m.has_offset = True
@@ -456,13 +456,13 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
 
 
 def q8_panels(tensor):
-    """``tensor`` (a Q8_0Tensor or Q4_KTensor of a multiple of 16 rows) as Q8Panels, packed
+    """``tensor`` (a Q8_0Tensor, Q4_KTensor or Q4_1Tensor of a multiple of 16 rows) as Q8Panels, packed
     by this module's k_pack_q8_panels, as the q8 mode's load packs it;
     ValueError where the module's kernels read no panels. For tests and tools."""
     if not k_q8_stores_panels():
         raise ValueError("q8_panels: this module's kernels do not read panels")
     if not can_pack(tensor):
-        raise ValueError("q8_panels: needs a Q8_0 or Q4_K matrix of a multiple of 16 rows")
+        raise ValueError("q8_panels: needs a Q8_0, Q4_K or Q4_1 matrix of a multiple of 16 rows")
     return _pack_panels({"w": tensor}, ["w"], [])["w"]
 
 

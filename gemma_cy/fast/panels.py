@@ -1,4 +1,4 @@
-"""Q8_0 and Q4_K matrices packed as 16-row panels (QLAYOUT_Q8_PANELS, QLAYOUT_Q4_PANELS,
+"""Q8_0, Q4_K and Q4_1 matrices packed as 16-row panels (QLAYOUT_Q8_PANELS, QLAYOUT_Q4_PANELS,
 gemma_cy/fast/kernels/api.pxi) for the q8 mode of a module whose kernels
 read them (the avx512 module's, q8_vnni.pxi): docs/architecture.md#memory.
 
@@ -9,14 +9,15 @@ horizontal sum; as panels, 16 rows' levels of a block lie in eight aligned
 contiguous run of vectors feeds 16 rows at once and nothing is summed
 across lanes (docs/benchmarks.md#where-a-decode-steps-bytes-go). The
 levels and scales are the file's, so every product is the matrix's own
-bit for bit. Q4_K's levels stay two to a byte (unpacked by a mask and a
-shift), its sub-blocks' a and b beside them as vectors.
+bit for bit. Q4_K's and Q4_1's levels stay two to a byte (unpacked by a
+mask and a shift), each block's a and b beside them as vectors (Q4_1's
+a = f32(d), b = -f32(m): ggml's value f32(d) q + f32(m) as f32(a q) - b).
 
 The panels live in one anonymous arena of 2 MiB pages, written once at
 load (Gemma 3 270M's q8 engine started 0-0.2 s later on the Zen 4 VM, within
 the noise of a shared host); each source's file pages are released
 as it is packed, so the memory is the panels' alone (36 bytes per 32
-weights against Q8_0's 34, 24 against Q4_K's 26 with its a, b).
+weights against Q8_0's 34, 24 against Q4_K's 26 with its a, b and Q4_1's 20).
 """
 from __future__ import annotations
 
@@ -26,19 +27,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..quant.affine import Q4_KTensor
-from ..quant.ggml import Q5_0Tensor
+from ..quant.ggml import Q4_1Tensor, Q5_0Tensor
 from ..quant.tensors import Q8_0Tensor
 
 PANEL_ROWS = 16
 PANEL_BLOCK_BYTES = 576  # a block of 32 columns of 16 rows: 512 bytes of levels, 16 f32 scales
-Q4_PANEL_BLOCK_BYTES = 384  # Q4_K's: 256 bytes of 4-bit levels, 16 f32 a, 16 f32 b
+Q4_PANEL_BLOCK_BYTES = 384  # Q4_K's and Q4_1's: 256 bytes of 4-bit levels, 16 f32 a, 16 f32 b
 ALIGN_BYTES = 64
 
 
 @dataclass(frozen=True)
 class Q8Panels:
     """A Q8_0 matrix (rows, cols) as panels: ``panels`` (rows / 16, cols /
-    32, 576) uint8, read-only, 64-byte aligned; or (``levels4``) a Q4_K one,
+    32, 576) uint8, read-only, 64-byte aligned; or (``levels4``) a Q4_K or Q4_1 one,
     (rows / 16, cols / 32, 384)."""
 
     panels: np.ndarray
@@ -50,15 +51,20 @@ class Q8Panels:
 
 
 def can_pack(tensor) -> bool:
-    """True for a 2-D Q8_0 (or Q5_0: its Q8_0 conversion) or Q4_K matrix of a multiple of 16 rows (and some)."""
-    return (isinstance(tensor, (Q8_0Tensor, Q5_0Tensor, Q4_KTensor)) and tensor.blocks.ndim == 3 and tensor.blocks.shape[0] > 0
+    """True for a 2-D Q8_0 (or Q5_0: its Q8_0 conversion), Q4_K or Q4_1 matrix of a multiple of 16 rows (and some)."""
+    return (isinstance(tensor, (Q8_0Tensor, Q5_0Tensor, Q4_KTensor, Q4_1Tensor)) and tensor.blocks.ndim == 3 and tensor.blocks.shape[0] > 0
             and tensor.blocks.shape[0] % PANEL_ROWS == 0 and tensor.blocks.shape[1] > 0)
 
 
 def panel_shape(tensor) -> tuple[int, int, int]:
     """The shape of ``tensor``'s Q8Panels.panels."""
     rows, cols = tensor.blocks.shape[0], tensor.shape[1]
-    return rows // PANEL_ROWS, cols // 32, Q4_PANEL_BLOCK_BYTES if isinstance(tensor, Q4_KTensor) else PANEL_BLOCK_BYTES
+    return rows // PANEL_ROWS, cols // 32, Q4_PANEL_BLOCK_BYTES if has_levels4(tensor) else PANEL_BLOCK_BYTES
+
+
+def has_levels4(tensor) -> bool:
+    """True for the types whose panels keep 4-bit levels (Q4_K, Q4_1: a and b per 32)."""
+    return isinstance(tensor, (Q4_KTensor, Q4_1Tensor))
 
 
 def panel_bytes(tensor) -> int:

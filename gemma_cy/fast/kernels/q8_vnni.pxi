@@ -286,7 +286,7 @@ cdef bint k_q8_stores_panels() noexcept nogil:
 
 cdef void k_pack_q8_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
     cdef Py_ssize_t nb = w.cols // 32, r = r0
-    if w.layout == QLAYOUT_Q4_K:
+    if w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q4_1:
         _pack_q4_panels(dst, w, r0, r1)
         return
     while r < r1:
@@ -295,7 +295,7 @@ cdef void k_pack_q8_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssi
 
 
 cdef void _pack_q4_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
-    """k_pack_q8_panels of a Q4_K matrix: each block as _pack_panel lays it
+    """k_pack_q8_panels of a Q4_K or Q4_1 matrix: each block as _pack_panel lays it
     out (levels + 128, a, b), its level vectors k and k + 4 folded into one
     of nibbles (the + 128 taken off: levels 0 .. 15), then a and b."""
     cdef Py_ssize_t nb = w.cols // 32, r = r0, b, k

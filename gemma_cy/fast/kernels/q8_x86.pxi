@@ -604,6 +604,8 @@ cdef inline Py_ssize_t _panel_row_bytes(const QMatrix* w) noexcept nogil:
         return w.cols // 32 * Q8_0_BYTES
     if w.layout == QLAYOUT_Q4_K:
         return w.cols // Q4_K_BLOCK * Q4_K_BYTES
+    if w.layout == QLAYOUT_Q4_1:
+        return w.cols // 32 * Q4_1_BYTES
     return _affine_row_bytes(w)
 
 
@@ -666,6 +668,12 @@ cdef void _panel_block(q8_m256i* y, float* sc, const QMatrix* w, const PanelRows
             ab = w.ab + (p.row_of[i] * nb + b) * 2
             sc[i] = ab[0]
             sc[16 + i] = ab[1]
+    elif w.layout == QLAYOUT_Q4_1:  # as _q4_1_record: a = f32(d), b = -f32(m); low nibbles first
+        for i in range(PANEL_ROWS):
+            at = p.rows[i] + b * Q4_1_BYTES
+            y[i] = _q4_1_levels_q8(at, m15)
+            sc[i] = _block_d(at)
+            sc[16 + i] = -_block_d(at + 2)
     elif _panel_record(w) == 16:  # two records
         for i in range(PANEL_ROWS):
             at = p.rows[i] + 2 * b * rb
