@@ -85,7 +85,6 @@ cdef enum:
     PANEL_POSITIONS = 4  # positions that share each panel vector load
     PANEL_LEVEL_BYTES = 512  # a block's 32 values of 16 rows
     PANEL_MAX_BLOCK_BYTES = 768  # with four scale vectors (records of 16 with offsets)
-    PANEL_AHEAD_BYTES = 4096  # stored panels: how far the decode GEMV hints ahead of its reads
 
 
 # One position's block of 32 quantized activations as the panel kernel reads
@@ -339,8 +338,6 @@ cdef inline void _q4_panel_one(float* res, const uint8_t* panel, Py_ssize_t nb, 
     cdef __m512i wv[8]
     cdef Py_ssize_t b, k
     for b in range(nb):
-        for k in range(6):
-            __builtin_prefetch(panel + PANEL_AHEAD_BYTES + 64 * k)
         _q4_levels(wv, panel)
         _add_term(&f, _mm512_add_epi32(_isum(wv, 4, acts.xq, acts.bias[0]), _isum(wv + 4, 4, acts.xq + 16, 0)),
                   _mm512_loadu_ps(panel + 256), acts.xd)
@@ -367,14 +364,15 @@ cdef void _q4_unpack_panel(uint8_t* dst, const uint8_t* panel, Py_ssize_t nb) no
 cdef inline void _panel_one(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelBlock* acts,
                             Py_ssize_t n_pad) noexcept nogil:
     """res[i] = the q8 product of panel row i and one position (acts[b *
-    n_pad], block b): _panel_positions' first position alone."""
+    n_pad], block b): _panel_positions' first position alone. No prefetch
+    hints: a panel matrix is one contiguous run in 2 MiB pages, which the
+    hardware's own prefetch streams (hints 4 KiB ahead cost a decode step 5%:
+    docs/benchmarks.md#what-was-tried)."""
     cdef __m512 f = _mm512_setzero_ps()
     cdef __m512i wv[8]
     cdef __m512i lo, hi
     cdef Py_ssize_t b, k
     for b in range(nb):
-        for k in range(9):
-            __builtin_prefetch(panel + PANEL_AHEAD_BYTES + 64 * k)
         for k in range(8):
             wv[k] = _mm512_loadu_si512(panel + 64 * k)
         # two chains of four (an exact integer sum in any grouping)
