@@ -117,10 +117,10 @@ def held_form(tensor, mode: str, isa: str):
     """The tensor as the fast engine holds it (_wire_weights' load-time
     layouts); panels as an untouched array of their shape, which
     adopt_engine_arrays replaces by the engine's own."""
-    from gemma_cy.fast.panels import Q8Panels, can_pack, has_levels4, panel_shape
+    from gemma_cy.fast.panels import can_pack, panel_shape, panels_of
     from gemma_cy.quant.ggml import Q4_1Tensor, Q5_0Tensor
     if mode == "q8" and isa in PANEL_ISAS and can_pack(tensor):
-        return Q8Panels(np.empty(panel_shape(tensor), np.uint8), has_levels4(tensor))
+        return panels_of(tensor, np.empty(panel_shape(tensor), np.uint8))
     if mode == "q8" and isinstance(tensor, Q5_0Tensor):
         return tensor.q8_0()
     if mode == "q8" and isinstance(tensor, Q4_1Tensor) and isa not in Q8_Q4_1_ISAS:
@@ -129,8 +129,10 @@ def held_form(tensor, mode: str, isa: str):
 
 
 def form_name(tensor) -> str:
-    """"Q8_0", "Q4_K", "records of 16", "Q4 panels" ... : a held tensor's layout."""
+    """"Q8_0", "Q4_K", "records of 16", "Q4 panels", "panels of records of 16" ... : a held tensor's layout."""
     if hasattr(tensor, "levels4"):
+        if tensor.sub:
+            return f"panels of records of {tensor.sub}" + (" with offsets" if tensor.has_offset else "")
         return "Q4 panels" if tensor.levels4 else "Q8_0 panels"
     if hasattr(tensor, "sub") and hasattr(tensor, "records"):
         return f"records of {tensor.sub}" + (" with offsets" if tensor.has_offset else "")

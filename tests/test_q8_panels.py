@@ -1,4 +1,4 @@
-"""Q8_0, Q4_K and Q4_1 matrices packed as 16-row panels (gemma_cy/fast/panels.py,
+"""Q8_0, Q4_K, Q4_1 and affine-record matrices packed as 16-row panels (gemma_cy/fast/panels.py,
 the avx512 module's q8 mode): every product and every looked-up row is the
 matrix's own, bit for bit, for one position (decode), a few (a batch) and many
 (prefill); the packing is exact for every level and every f16 scale; a
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gemma_cy.fast import ops
 from gemma_cy.fast.panels import Q8Panels, can_pack
-from gemma_cy.quant.affine import Q4_KTensor
+from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
 from gemma_cy.quant.ggml import Q4_1Tensor
 from gemma_cy.quant.tensors import Q8_0Tensor, quantize_q8_0
 
@@ -80,6 +80,28 @@ def test_q4_1_panels_are_the_q4_1_matrix_bit_for_bit(panels, blocks, positions, 
     t = Q4_1Tensor(raw)
     p = AVX512.q8_panels(t)
     assert p.levels4 and p.panels.nbytes == rows * blocks * 24  # 384 bytes per 16 x 32
+    x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
+    assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
+    for row in (0, rows - 1):
+        assert same_bits(AVX512.matrix_row(p, row), AVX512.matrix_row(t, row))
+
+
+@settings(max_examples=40, deadline=None)
+@given(panels=st.integers(1, 4), blocks=st.integers(1, 24), positions=st.integers(1, 9),
+       sub=st.sampled_from([16, 32]), offset=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_affine_panels_are_the_records_bit_for_bit(panels, blocks, positions, sub, offset, seed):
+    """Records of 16 (Q6_K, Q3_K; Q2_K with offsets) and of 32 (Q5_K...):
+    every int8 level, f32 a and b of every size and sign; the panels take the
+    records' own bytes."""
+    rng = np.random.default_rng(seed)
+    rows, cols = 16 * panels, 32 * blocks
+    n_sub, width = cols // sub, sub + (8 if offset else 4)
+    records = rng.integers(0, 256, (rows, n_sub, width), dtype=np.uint8)
+    scales = rng.standard_normal((rows, n_sub, (width - sub) // 4)) * 2.0 ** rng.integers(-20, 4, (rows, n_sub, 1))
+    records[..., sub:] = scales.astype(np.float32).view(np.uint8).reshape(rows, n_sub, width - sub)
+    t = AffineTensor(records, sub, offset, "test")
+    p = AVX512.q8_panels(t)
+    assert p.sub == sub and p.has_offset == offset and p.panels.nbytes == records.nbytes
     x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
     assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
     for row in (0, rows - 1):

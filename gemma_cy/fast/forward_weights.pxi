@@ -12,7 +12,8 @@ from cpython.mem cimport PyMem_Malloc
 from gemma_cy.errors import ModelFormatError
 from gemma_cy.model.checks import ACTIVATION_MODES
 from gemma_cy.fast.arena import lay_out_for_decode, read_only_map, release_file_maps, release_range
-from gemma_cy.fast.panels import ALIGN_BYTES, Q8Panels, can_pack, has_levels4, new_arena, panel_bytes, panel_shape
+from gemma_cy.fast.panels import (ALIGN_BYTES, Q8Panels, affine_block_bytes, can_pack, new_arena, panel_bytes,
+                                  panel_shape, panels_of)
 from gemma_cy.fast.buffers import aligned_zeros
 from gemma_cy.model.weights import LAYER_MATRICES
 from gemma_cy.quant.tensors import F32Tensor, Int8Tensor, Q8_0Tensor
@@ -210,20 +211,21 @@ cdef dict _pack_panels(dict tensors, list names, list keep):
         t = tensors[n]
         if isinstance(t, Q5_0Tensor):  # its Q8_0 conversion, one matrix at a time (the same weights)
             t = t.q8_0()
-        rows = t.blocks.shape[0]
+        stored = t.records if isinstance(t, AffineTensor) else t.blocks
+        rows = stored.shape[0]
         panels = memory[start:start + panel_bytes(t)].reshape(panel_shape(t))
         m = _qmatrix(t, [], False, _convert_scratch([t], 1), 1)
         dst = <uint8_t*> <size_t> panels.ctypes.data
-        source = read_only_map(t.blocks) if t.blocks.flags.c_contiguous else None
+        source = read_only_map(stored) if stored.flags.c_contiguous else None
         for r0 in range(0, rows, PACK_CHUNK_ROWS):
             r1 = min(r0 + PACK_CHUNK_ROWS, rows)
             with nogil:
                 k_pack_q8_panels(dst, &m, r0, r1)
             if source is not None:
-                chunk = t.blocks[r0:r1]
+                chunk = stored[r0:r1]
                 release_range(source, chunk.ctypes.data, chunk.ctypes.data + chunk.nbytes)
         panels.flags.writeable = False
-        out[n] = Q8Panels(panels, has_levels4(t))
+        out[n] = panels_of(t, panels)
     return out
 
 
@@ -366,7 +368,12 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
         m.layout = QLAYOUT_Q4_1
     elif isinstance(tensor, Q8Panels):
         blocks = _array(tensor.panels, "panels", np.uint8, (3,))
-        need = Q4_PANEL_BLOCK_BYTES if tensor.levels4 else Q8_PANEL_BLOCK_BYTES
+        if tensor.sub:
+            if tensor.sub not in (16, 32) or tensor.levels4:
+                raise ValueError(f"affine panels of records of {tensor.sub}: expected 16 or 32, 8-bit levels")
+            need = affine_block_bytes(tensor.sub, tensor.has_offset)
+        else:
+            need = Q4_PANEL_BLOCK_BYTES if tensor.levels4 else Q8_PANEL_BLOCK_BYTES
         if blocks.shape[2] != need or (<size_t> &blocks[0, 0, 0]) % 64:
             raise ValueError(f"panels of shape {tensor.panels.shape}: expected (rows / 16, n, {need}), "
                              f"64-byte aligned")
@@ -381,6 +388,10 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
             m.layout = QLAYOUT_Q4_PANELS
             m.sub = 32
             m.has_offset = True
+        elif tensor.sub:  # affine records' levels, a (and b)
+            m.layout = QLAYOUT_AFFINE_PANELS
+            m.sub = tensor.sub
+            m.has_offset = tensor.has_offset
     else:
         raise ModelFormatError(f"the fast engine has no kernels for {type(tensor).__name__} tensors")
     if m.layout == QLAYOUT_Q4_K or m.layout == QLAYOUT_Q4_1 or m.layout == QLAYOUT_Q5_0:  # the kernels write there
@@ -426,7 +437,7 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
         raise ValueError(f"activations = {activations!r}, expected one of {ACTIVATION_MODES}")
     if activations == "q8" and m.layout == QLAYOUT_F32:
         raise ValueError("gemm: q8 activations run integer matrices, not f32 ones")
-    if activations != "q8" and (m.layout == QLAYOUT_Q8_PANELS or m.layout == QLAYOUT_Q4_PANELS):
+    if activations != "q8" and _stored_panels(&m):
         raise ValueError("gemm: Q8_0 panels run with q8 activations only")
     if activations == "q8" and m.cols % Q8_0_BLOCK:
         raise ValueError(f"gemm: q8 activations need cols % {Q8_0_BLOCK} == 0, got {m.cols}")
@@ -456,13 +467,13 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
 
 
 def q8_panels(tensor):
-    """``tensor`` (a Q8_0Tensor, Q4_KTensor or Q4_1Tensor of a multiple of 16 rows) as Q8Panels, packed
+    """``tensor`` (a Q8_0Tensor, Q4_KTensor, Q4_1Tensor or AffineTensor of a multiple of 16 rows) as Q8Panels, packed
     by this module's k_pack_q8_panels, as the q8 mode's load packs it;
     ValueError where the module's kernels read no panels. For tests and tools."""
     if not k_q8_stores_panels():
         raise ValueError("q8_panels: this module's kernels do not read panels")
     if not can_pack(tensor):
-        raise ValueError("q8_panels: needs a Q8_0, Q4_K or Q4_1 matrix of a multiple of 16 rows")
+        raise ValueError("q8_panels: needs a Q8_0, Q4_K, Q4_1 or affine matrix of a multiple of 16 rows")
     return _pack_panels({"w": tensor}, ["w"], [])["w"]
 
 

@@ -21,7 +21,8 @@ cdef enum QLayout:
     QLAYOUT_Q5_0 = 5  # ggml's Q5_0 blocks as the file stores them: a Q8_0 block's d and levels in 22 bytes
     QLAYOUT_Q4_1 = 6  # ggml's Q4_1 blocks as the file stores them: an affine record of 32's levels, a, b in 20 bytes
     QLAYOUT_Q8_PANELS = 7  # a Q8_0 matrix as 16-row panels, packed at load for the q8 mode of a module that stores them
-    QLAYOUT_Q4_PANELS = 8  # a Q4_K matrix as 16-row panels of 4-bit levels, likewise
+    QLAYOUT_Q4_PANELS = 8  # a Q4_K or Q4_1 matrix as 16-row panels of 4-bit levels, likewise
+    QLAYOUT_AFFINE_PANELS = 9  # a QLAYOUT_AFFINE matrix as 16-row panels of its int8 levels, likewise
 
 # QLAYOUT_Q8_PANELS: rows (a multiple of 16) in panels of 16, back to back;
 # a panel is cols / 32 blocks of Q8_PANEL_BLOCK_BYTES, 64-byte aligned: eight
@@ -35,7 +36,14 @@ cdef enum QLayout:
 # are vectors 0-3 of a QLAYOUT_Q8_PANELS block and high nibbles vectors 4-7
 # (the levels 0 .. 15 themselves, not + 128), then the 16 rows' sub-block a,
 # then their b (f32): Q4_PANEL_BLOCK_BYTES, against the 416 bytes those 16 x
-# 32 weights take as Q4_K super-blocks with their a, b.
+# 32 weights take as Q4_K super-blocks with their a, b (a Q4_1 matrix: a =
+# f32(d), b = -f32(m), as its affine records hold them).
+# QLAYOUT_AFFINE_PANELS: a QLAYOUT_AFFINE matrix (records of sub = 16 or 32
+# values, with an offset b or not) likewise: per block of 32 columns the
+# eight level vectors of a QLAYOUT_Q8_PANELS block (levels + 128), then the
+# 16 rows' a of each record in the block (one vector, or two for records of
+# 16), then their b likewise when the records have one:
+# _affine_panel_block_bytes(sub, has_offset), the records' own bytes.
 cdef enum:
     Q8_PANEL_ROWS = 16
     Q8_PANEL_BLOCK_BYTES = 576

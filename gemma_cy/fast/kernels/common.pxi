@@ -171,7 +171,19 @@ cdef inline Py_ssize_t _row_bytes(const QMatrix* w) noexcept nogil:
         return nb * Q8_PANEL_BLOCK_BYTES // Q8_PANEL_ROWS
     if w.layout == QLAYOUT_Q4_PANELS:
         return nb * Q4_PANEL_BLOCK_BYTES // Q8_PANEL_ROWS
+    if w.layout == QLAYOUT_AFFINE_PANELS:
+        return nb * _affine_panel_block_bytes(w.sub, w.has_offset) // Q8_PANEL_ROWS
     return w.cols  # QLAYOUT_I8_TENSOR
+
+
+cdef inline Py_ssize_t _affine_panel_block_bytes(Py_ssize_t sub, bint has_offset) noexcept nogil:
+    """Bytes of a 16 x 32 block of a QLAYOUT_AFFINE_PANELS matrix (api.pxi)."""
+    return 512 + 64 * (32 // sub) * (2 if has_offset else 1)
+
+
+cdef inline bint _stored_panels(const QMatrix* w) noexcept nogil:
+    """True for the layouts packed as panels at load (the q8 mode only)."""
+    return w.layout == QLAYOUT_Q8_PANELS or w.layout == QLAYOUT_Q4_PANELS or w.layout == QLAYOUT_AFFINE_PANELS
 
 
 cdef void k_dequantize_affine(float* out, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
@@ -523,6 +535,26 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
         _panel_matrix_row(out, w, row)
     elif w.layout == QLAYOUT_Q4_PANELS:
         _q4_panel_matrix_row(out, w, row)
+    elif w.layout == QLAYOUT_AFFINE_PANELS:
+        _affine_panel_matrix_row(out, w, row)
+
+
+cdef void _affine_panel_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:
+    """k_matrix_row of a QLAYOUT_AFFINE_PANELS matrix (api.pxi): level j of
+    the row's block b is byte j % 4 of lane row % 16 of vector j // 4, minus
+    128; weight = (a q) - b with its record's a and b, as k_dequantize_affine."""
+    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, lane = row % Q8_PANEL_ROWS, b, j, rec
+    cdef Py_ssize_t size = _affine_panel_block_bytes(w.sub, w.has_offset), n_rec = Q8_0_BLOCK // w.sub
+    cdef const uint8_t* blk = w.blocks + row // Q8_PANEL_ROWS * nb * size
+    cdef float a, o = 0
+    for b in range(nb):
+        for j in range(Q8_0_BLOCK):
+            rec = j // w.sub
+            a = _load_f32(blk + 512 + 64 * rec + 4 * lane)
+            if w.has_offset:
+                o = _load_f32(blk + 512 + 64 * (n_rec + rec) + 4 * lane)
+            out[b * Q8_0_BLOCK + j] = (a * <float> (<int> blk[64 * (j // 4) + 4 * lane + j % 4] - 128)) - o
+        blk += size
 
 
 cdef void _q4_panel_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:

@@ -288,8 +288,11 @@ cdef void k_pack_q8_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssi
     if w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q4_1:
         _pack_q4_panels(dst, w, r0, r1)
         return
+    cdef Py_ssize_t size = Q8_PANEL_BLOCK_BYTES  # a Q8_0 matrix's blocks; an affine one's:
+    if w.layout == QLAYOUT_AFFINE:
+        size = _affine_panel_block_bytes(w.sub, w.has_offset)
     while r < r1:
-        _pack_panel(dst + r // PANEL_ROWS * nb * Q8_PANEL_BLOCK_BYTES, w, r, Q8_PANEL_BLOCK_BYTES)
+        _pack_panel(dst + r // PANEL_ROWS * nb * size, w, r, size)
         r += PANEL_ROWS
 
 
@@ -384,27 +387,57 @@ cdef inline void _panel_one(float* res, const uint8_t* panel, Py_ssize_t nb, con
     _mm512_storeu_ps(res, f)
 
 
+cdef inline void _affine_panel_one(float* res, const uint8_t* panel, Py_ssize_t nb, Py_ssize_t block_bytes,
+                                   bint sub16, bint offset, const PanelBlock* acts, Py_ssize_t n_pad) noexcept nogil:
+    """_panel_one of a QLAYOUT_AFFINE_PANELS panel: _panel_positions' first
+    position alone (_position_block's order)."""
+    cdef __m512 f = _mm512_setzero_ps()
+    cdef __m512i wv[8]
+    cdef __m512 a0, a1 = _mm512_setzero_ps(), b0 = a1, b1 = a1
+    cdef Py_ssize_t b, k
+    for b in range(nb):
+        for k in range(8):
+            wv[k] = _mm512_loadu_si512(panel + 64 * k)
+        a0 = _mm512_loadu_ps(panel + PANEL_LEVEL_BYTES)
+        if sub16:
+            a1 = _mm512_loadu_ps(panel + PANEL_LEVEL_BYTES + 64)
+            if offset:
+                b0 = _mm512_loadu_ps(panel + PANEL_LEVEL_BYTES + 128)
+                b1 = _mm512_loadu_ps(panel + PANEL_LEVEL_BYTES + 192)
+        elif offset:
+            b0 = _mm512_loadu_ps(panel + PANEL_LEVEL_BYTES + 64)
+        _position_block(&f, wv, a0, a1, b0, b1, sub16, offset, acts)
+        panel += block_bytes
+        acts += n_pad
+    _mm512_storeu_ps(res, f)
+
+
 cdef void _gemm_q8_stored(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
                           uint8_t* scratch) noexcept nogil:
-    """k_gemm_q8 of a QLAYOUT_Q8_PANELS or QLAYOUT_Q4_PANELS matrix: one
-    position panel by panel (_panel_one, _q4_panel_one), more four at a time
+    """k_gemm_q8 of a QLAYOUT_Q8_PANELS, QLAYOUT_Q4_PANELS or
+    QLAYOUT_AFFINE_PANELS matrix: one position panel by panel (_panel_one,
+    _q4_panel_one, _affine_panel_one), more four at a time
     (_panel_positions, a Q4 panel unpacked first); scratch: as
     _gemm_q8_panels'."""
     cdef Py_ssize_t nb = w.cols // 32, p, t, j
     cdef Py_ssize_t n_pad = (n_tokens + PANEL_POSITIONS - 1) // PANEL_POSITIONS * PANEL_POSITIONS
-    cdef bint q4 = w.layout == QLAYOUT_Q4_PANELS
-    cdef Py_ssize_t stored = Q4_PANEL_BLOCK_BYTES if q4 else Q8_PANEL_BLOCK_BYTES
-    cdef Py_ssize_t block_bytes = PANEL_LEVEL_BYTES + 128 if q4 else Q8_PANEL_BLOCK_BYTES  # as _panel_positions reads
+    cdef bint q4 = w.layout == QLAYOUT_Q4_PANELS, affine = w.layout == QLAYOUT_AFFINE_PANELS
+    cdef bint sub16 = affine and w.sub == 16, offset = q4 or (affine and w.has_offset)
+    cdef Py_ssize_t stored = Q4_PANEL_BLOCK_BYTES if q4 else (
+        _affine_panel_block_bytes(w.sub, w.has_offset) if affine else Q8_PANEL_BLOCK_BYTES)
+    cdef Py_ssize_t block_bytes = PANEL_LEVEL_BYTES + 128 if q4 else stored  # as _panel_positions reads
     cdef uint8_t* unpacked = <uint8_t*> ((<size_t> scratch + 63) & ~(<size_t> 63))  # a Q4 panel, unpacked
     cdef PanelBlock* acts = <PanelBlock*> (unpacked + nb * PANEL_MAX_BLOCK_BYTES)
     cdef const uint8_t* panel
     cdef float res[PANEL_POSITIONS * PANEL_ROWS]
-    _panel_activations(acts, xq, xd, n_tokens, n_pad, w.cols, 32)
+    _panel_activations(acts, xq, xd, n_tokens, n_pad, w.cols, 16 if sub16 else 32)
     for p in range(w.rows // PANEL_ROWS):
         panel = w.blocks + p * nb * stored
         if n_tokens == 1:
             if q4:
                 _q4_panel_one(out + p * PANEL_ROWS, panel, nb, acts, n_pad)
+            elif affine:
+                _affine_panel_one(out + p * PANEL_ROWS, panel, nb, stored, sub16, offset, acts, n_pad)
             else:
                 _panel_one(out + p * PANEL_ROWS, panel, nb, acts, n_pad)
             continue
@@ -413,7 +446,7 @@ cdef void _gemm_q8_stored(float* out, const QMatrix* w, const int8_t* xq, const 
             panel = unpacked
         t = 0
         while t < n_tokens:
-            _panel_positions(res, panel, nb, block_bytes, False, q4, acts + t, n_pad, False, 1.0)
+            _panel_positions(res, panel, nb, block_bytes, sub16, offset, acts + t, n_pad, False, 1.0)
             for j in range(min(<Py_ssize_t> PANEL_POSITIONS, n_tokens - t)):
                 memcpy(out + (t + j) * w.rows + p * PANEL_ROWS, res + j * PANEL_ROWS, PANEL_ROWS * sizeof(float))
             t += PANEL_POSITIONS

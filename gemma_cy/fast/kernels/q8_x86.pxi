@@ -726,7 +726,7 @@ cdef void _gemm_q8(float* out, const QMatrix* w, const int8_t* xq, const float* 
     stored, _gemv_q4_k_q8; records of 32 two rows at a time,
     _gemv_affine32_q8), and so is any other layout _panel_block does not
     read."""
-    if w.layout == QLAYOUT_Q8_PANELS or w.layout == QLAYOUT_Q4_PANELS:
+    if _stored_panels(w):
         _gemm_q8_stored(out, w, xq, xd, n_tokens, <uint8_t*> scratch)
     elif w.layout == QLAYOUT_Q4_K and n_tokens == 1:
         _gemv_q4_k_q8(out, w, xq, xd)
