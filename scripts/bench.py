@@ -21,8 +21,9 @@ so compare ratios within one run.
 A preset compares the fast engine with the reference one: load time, prefill
 and decode tok/s after a random prompt, peak RSS.
 
-A real model is measured in two parts (``--parts``), interleaved in one
-repetition loop:
+A real model is measured in three parts (``--parts``), interleaved in one
+repetition loop (the third, cli, is scripts/bench_cli.py's: decode through
+the CLI, as a user gets it, beside llama-cpp-python's generate loop):
 
 start: what a user waits for. Each run is a fresh process running exactly
 what a user runs, ``python -m gemma_cy --prompt "The capital of France is"
@@ -79,6 +80,7 @@ from typing import Callable
 
 import numpy as np
 
+from bench_cli import cli_commands, print_cli
 from bench_peers import measure, peak_rss_mb
 from gemma_cy.commands.default_model import default_model_path, q8_0_conversion, smollm2_model_path
 from gemma_cy.model.logits import argmax
@@ -91,7 +93,7 @@ SHORT_TOKENS, TTFT_TOKENS = 8, 128  # prompt lengths, BOS included when the mode
 DEFAULT_CONTEXTS = "128,512,4096"  # prefill lengths, each followed by a decode
 CLI_PROMPT = "The capital of France is"
 CLI_CONTEXT = 8192  # gemma-cy's CLI default --max_cache_len, which the llama.cpp start run gets as n_ctx
-PARTS = ("start", "warm")
+PARTS = ("start", "cli", "warm")
 
 # Runs argv[1:] as a child forked from this small process and prints, after the
 # child's own output, one line of JSON: wall seconds from the fork to the exit,
@@ -392,6 +394,13 @@ def start_rows(model: RealModel, name: str, args) -> list[Row]:
                        kind="start", file=original)]
 
 
+def cli_rows(model: RealModel, name: str, args) -> list[Row]:
+    """The cli part of a real model (scripts/bench_cli.py)."""
+    peers = None if args.no_peers or not PEERS_PYTHON.exists() else str(PEERS_PYTHON)
+    return [Row(label, cmd, 0, ours, kind="cli") for label, cmd, ours in cli_commands(
+        model.original(), model.original_quant, name == "gemma3", CLI_PROMPT, CLI_CONTEXT, args.n_dec, peers)]
+
+
 def figure_rows(model: RealModel, path: Path, prompts_file: str, args) -> list[Row]:
     """The engines of a real model's warm figure set: gemma-cy's, then the peers if installed."""
     from gemma_cy.generation.engines import make_engine
@@ -440,6 +449,7 @@ def bench_model(name: str, args) -> dict:
         json.dump(prompts, f)
     try:
         starts = start_rows(model, name, args) if "start" in args.parts else []
+        clis = cli_rows(model, name, args) if "cli" in args.parts else []
         warm = figure_rows(model, path, f.name, args) if "warm" in args.parts else []
         probes = [bandwidth_probe(warm[0].step_bytes)] if warm else []
         for row in starts:  # untimed warm-up: the file in the page cache, any per-file cache built
@@ -447,7 +457,7 @@ def bench_model(name: str, args) -> dict:
             print(f"  warm-up {row.label}: {row.first['start_s']:.2f} s" if row.first else
                   f"  warm-up {row.label}: failed: {error}", file=sys.stderr)
         for rep in range(args.repeat):
-            for row in starts + warm:
+            for row in starts + clis + warm:
                 start = time.perf_counter()
                 run, error = run_row(row)
                 status = "ok" if run else f"failed: {error}"
@@ -463,7 +473,7 @@ def bench_model(name: str, args) -> dict:
         os.unlink(f.name)
     probe = max(probes, default=0.0)
     results = {}
-    for row in starts + warm:
+    for row in starts + clis + warm:
         if not row.runs:
             continue
         m = medians(row.runs)
@@ -471,7 +481,7 @@ def bench_model(name: str, args) -> dict:
             m["file_mb"] = os.path.getsize(row.file) / 2**20
             m["rss_vs_file"] = m["peak_rss_mb"] / m["file_mb"]
             m["first_s"] = row.first["start_s"] if row.first else float("nan")
-        else:
+        elif row.kind == "warm":
             m["step_mb"] = row.step_bytes / 1e6
             m["decode_gbs"] = row.step_bytes * m["decode_after_short_tok_s"] / 1e9
             m["probe_pct"] = 100 * m["decode_gbs"] / probe
@@ -481,13 +491,16 @@ def bench_model(name: str, args) -> dict:
     print(f"\n## {name}: {model.title}, 1 thread, median of {args.repeat} runs (each a fresh process)")
     if starts:
         print_start(starts, results, args, targets=name == "gemma3")
+    if clis:
+        print_cli(clis, results, CLI_PROMPT, args.n_dec)
     if warm:
         print_figures(tokenizer, prompts, warm, results, probe, args)
     return {"probe_gbs": probes,
             "prompt_lens": {"short": len(prompts["short"]), "ttft": len(prompts["ttft"]),
                             **{k: len(v) for k, v in prompts["contexts"].items()}},
             "rows": [{"label": r.label, "kind": r.kind, "cmd": r.cmd, "step_bytes": r.step_bytes, "runs": r.runs,
-                      "first": r.first, "errors": r.errors, "median": results.get(r.label)} for r in starts + warm]}
+                      "first": r.first, "errors": r.errors, "median": results.get(r.label)}
+                     for r in starts + clis + warm]}
 
 
 def print_failures(rows: list[Row], args) -> None:
@@ -648,8 +661,10 @@ def main() -> None:
                         f"4,096-token runs)")
     p.add_argument("--parts", type=part_list, default=list(PARTS),
                    help="real models: 'start' (a fresh `python -m gemma_cy --prompt ... --n_dec 1` process: "
-                        "start to first token, peak RSS; llama-cpp-python's equivalent beside it), 'warm' "
-                        "(the in-process figure set), or both, comma-separated (default start,warm)")
+                        "start to first token, peak RSS; llama-cpp-python's equivalent beside it), 'cli' "
+                        "(decode through the CLI's --json, f32 and q8, beside llama-cpp-python's generate loop: "
+                        "scripts/bench_cli.py), 'warm' (the in-process figure set), comma-separated "
+                        "(default start,cli,warm)")
     p.add_argument("--no_peers", action="store_true", help="real models: skip the peers even if installed")
     p.add_argument("--json", help="write every raw run to this file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
