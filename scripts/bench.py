@@ -68,7 +68,6 @@ import argparse
 import inspect
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -80,7 +79,7 @@ from typing import Callable
 
 import numpy as np
 
-from bench_cli import cli_commands, print_cli
+from bench_cli import cli_commands, print_cli, print_commands
 from bench_peers import measure, peak_rss_mb
 from gemma_cy.commands.default_model import default_model_path, q8_0_conversion, smollm2_model_path
 from gemma_cy.model.logits import argmax
@@ -535,15 +534,9 @@ def print_start(rows: list[Row], results: dict, args, targets: bool) -> None:
             a, b = results[ours.label], results[peer.label]
             print(f"| {ours.label} / {peer.label} | {a['start_s'] / b['start_s']:.2f}x "
                   f"| {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}x | | | | |")
-    print()
-    for row in done:
-        shown = ["python" if c == sys.executable else c for c in row.cmd]
-        if row.ours:
-            print(f"- {row.label}: `{shlex.join(shown)}`")
-        else:
-            print(f"- {row.label}: `python -c` importing llama_cpp, then `Llama(model_path=FILE, n_threads=1, "
-                  f"n_threads_batch=1, n_ctx={CLI_CONTEXT}, verbose=False)(PROMPT, max_tokens=1, temperature=0)` "
-                  f"(n_ctx: gemma-cy's default context)")
+    print_commands(done, f"`python -c` importing llama_cpp, then `Llama(model_path=FILE, n_threads=1, "
+                         f"n_threads_batch=1, n_ctx={CLI_CONTEXT}, verbose=False)(PROMPT, max_tokens=1, "
+                         f"temperature=0)` (n_ctx: gemma-cy's default context)")
     for ours in mine if targets else []:
         r = results[ours.label]
         print(f"- {ours.label}: start to first token {r['start_s']:.2f} s (issue #19's target <= 1.0 s: "

@@ -65,12 +65,14 @@ def print_cli(rows: list, results: dict, prompt: str, n_dec: int) -> None:
         for peer in (r for r in done if not r.ours):
             ratio = results[ours.label]["decode_tok_s"] / results[peer.label]["decode_tok_s"]
             print(f"| {ours.label} / {peer.label} | {ratio:.2f}x |")
+    print_commands(done, f"`python -c` importing llama_cpp, `Llama(model_path=FILE, n_threads=1, n_threads_batch=1, "
+                         f"n_ctx=N)`, then `generate(tokenize(PROMPT), temp=0.0)` timed from its first token to its "
+                         f"{n_dec}th")
+
+
+def print_commands(rows: list, peer_text: str) -> None:
+    """A line per row: gemma-cy's command as run, a peer's as ``peer_text``."""
     print()
-    for row in done:
+    for row in rows:
         shown = ["python" if c == sys.executable else c for c in row.cmd]
-        if row.ours:
-            print(f"- {row.label}: `{shlex.join(shown)}`")
-        else:
-            print(f"- {row.label}: `python -c` importing llama_cpp, `Llama(model_path=FILE, n_threads=1, "
-                  f"n_threads_batch=1, n_ctx=N)`, then `generate(tokenize(PROMPT), temp=0.0)` timed from its "
-                  f"first token to its {n_dec}th")
+        print(f"- {row.label}: `{shlex.join(shown)}`" if row.ours else f"- {row.label}: {peer_text}")
