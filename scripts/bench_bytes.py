@@ -133,7 +133,7 @@ def form_name(tensor) -> str:
     if hasattr(tensor, "levels4"):
         if tensor.sub:
             return f"panels of records of {tensor.sub}" + (" with offsets" if tensor.has_offset else "")
-        return "Q4 panels" if tensor.levels4 else "Q8_0 panels"
+        return "Q4 panels" if tensor.levels4 else ("Q5 panels" if tensor.levels5 else "Q8_0 panels")
     if hasattr(tensor, "sub") and hasattr(tensor, "records"):
         return f"records of {tensor.sub}" + (" with offsets" if tensor.has_offset else "")
     return type(tensor).__name__.removesuffix("Tensor")

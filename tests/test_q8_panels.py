@@ -1,4 +1,4 @@
-"""Q8_0, Q4_K, Q4_1 and affine-record matrices packed as 16-row panels (gemma_cy/fast/panels.py,
+"""Q8_0, Q5_0, Q4_K, Q4_1 and affine-record matrices packed as 16-row panels (gemma_cy/fast/panels.py,
 the avx512 module's q8 mode): every product and every looked-up row is the
 matrix's own, bit for bit, for one position (decode), a few (a batch) and many
 (prefill); the packing is exact for every level and every f16 scale; a
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gemma_cy.fast import ops
 from gemma_cy.fast.panels import Q8Panels, can_pack
 from gemma_cy.quant.affine import AffineTensor, Q4_KTensor
-from gemma_cy.quant.ggml import Q4_1Tensor
+from gemma_cy.quant.ggml import Q4_1Tensor, Q5_0Tensor
 from gemma_cy.quant.tensors import Q8_0Tensor, quantize_q8_0
 
 if "avx512" not in ops.available():
@@ -104,6 +104,28 @@ def test_affine_panels_are_the_records_bit_for_bit(panels, blocks, positions, su
     assert p.sub == sub and p.has_offset == offset and p.panels.nbytes == records.nbytes
     x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
     assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
+    for row in (0, rows - 1):
+        assert same_bits(AVX512.matrix_row(p, row), AVX512.matrix_row(t, row))
+
+
+@settings(max_examples=40, deadline=None)
+@given(panels=st.integers(1, 4), blocks=st.integers(1, 24), positions=st.integers(1, 9),
+       seed=st.integers(0, 2**32 - 1))
+def test_q5_0_panels_are_the_q5_0_matrix_bit_for_bit(panels, blocks, positions, seed):
+    """Every level (all 32 of each block's qs and qh bits drawn) and f16 d of
+    every size; against the Q5_0 matrix as stored and its Q8_0 conversion."""
+    rng = np.random.default_rng(seed)
+    rows, cols = 16 * panels, 32 * blocks
+    raw = rng.integers(0, 256, (rows, blocks, 22), dtype=np.uint8)
+    d = rng.uniform(-2.0, 2.0, (rows, blocks)) * 2.0 ** rng.integers(-20, 4, (rows, blocks))
+    raw[..., :2] = d.astype(np.float16).view(np.uint8).reshape(rows, blocks, 2)
+    t = Q5_0Tensor(raw)
+    p = AVX512.q8_panels(t)
+    assert p.levels5 and p.panels.nbytes == rows * blocks * 24  # 384 bytes per 16 x 32, 352 as Q5_0
+    x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
+    want = AVX512.gemm(t, x, "q8")
+    assert same_bits(want, AVX512.gemm(t.q8_0(), x, "q8"))
+    assert same_bits(AVX512.gemm(p, x, "q8"), want)
     for row in (0, rows - 1):
         assert same_bits(AVX512.matrix_row(p, row), AVX512.matrix_row(t, row))
 

@@ -80,7 +80,7 @@ cdef int _wire_weights(FastModelMemory model, object weights) except -1:
     tensors = weights.tensors
     head = "embed_tokens" if c.tied_embeddings else "lm_head"
     if model.act_q8 and k_q8_stores_panels():
-        # every Q8_0 (or Q5_0) matrix of 16 k rows as panels (fast/panels.py)
+        # every integer matrix of 16 k rows as panels (fast/panels.py)
         tensors = _pack_panels(tensors, ["embed_tokens", head] + [
             f"layers.{layer}.{name}" for layer in range(c.n_layers) for name in LAYER_MATRICES], keep)
         model.panel_bytes = sum(t.panels.nbytes for t in tensors.values() if isinstance(t, Q8Panels))
@@ -187,9 +187,8 @@ PACK_CHUNK_ROWS = 4096  # rows packed, then their file pages released, at a time
 
 
 cdef dict _pack_panels(dict tensors, list names, list keep):
-    """``tensors`` with each Q8_0 or Q5_0 matrix among ``names`` that can be
-    packed (panels.can_pack) as its Q8Panels (a Q5_0 one converted to Q8_0
-    first, the same weights), all in one arena of 2 MiB pages (kept
+    """``tensors`` with each matrix among ``names`` that can be packed
+    (panels.can_pack) as its Q8Panels, all in one arena of 2 MiB pages (kept
     in ``keep``); each source's pages in a read-only file map released as
     it is packed (gemma_cy/fast/panels.py). Unchanged when the arena cannot
     be had."""
@@ -209,8 +208,6 @@ cdef dict _pack_panels(dict tensors, list names, list keep):
     cdef Py_ssize_t r0, r1
     for n, start in zip(names, starts):
         t = tensors[n]
-        if isinstance(t, Q5_0Tensor):  # its Q8_0 conversion, one matrix at a time (the same weights)
-            t = t.q8_0()
         stored = t.records if isinstance(t, AffineTensor) else t.blocks
         rows = stored.shape[0]
         panels = memory[start:start + panel_bytes(t)].reshape(panel_shape(t))
@@ -369,9 +366,13 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
     elif isinstance(tensor, Q8Panels):
         blocks = _array(tensor.panels, "panels", np.uint8, (3,))
         if tensor.sub:
-            if tensor.sub not in (16, 32) or tensor.levels4:
+            if tensor.sub not in (16, 32) or tensor.levels4 or tensor.levels5:
                 raise ValueError(f"affine panels of records of {tensor.sub}: expected 16 or 32, 8-bit levels")
             need = affine_block_bytes(tensor.sub, tensor.has_offset)
+        elif tensor.levels5:
+            if tensor.levels4:
+                raise ValueError("panels of 4-bit and of 5-bit levels at once")
+            need = Q5_PANEL_BLOCK_BYTES
         else:
             need = Q4_PANEL_BLOCK_BYTES if tensor.levels4 else Q8_PANEL_BLOCK_BYTES
         if blocks.shape[2] != need or (<size_t> &blocks[0, 0, 0]) % 64:
@@ -388,6 +389,8 @@ cdef QMatrix _qmatrix(object tensor, list keep, bint resident, object scratch=No
             m.layout = QLAYOUT_Q4_PANELS
             m.sub = 32
             m.has_offset = True
+        elif tensor.levels5:  # Q5_0's
+            m.layout = QLAYOUT_Q5_PANELS
         elif tensor.sub:  # affine records' levels, a (and b)
             m.layout = QLAYOUT_AFFINE_PANELS
             m.sub = tensor.sub
@@ -467,13 +470,14 @@ def gemm(tensor, x, str activations="f32", bint resident=False):
 
 
 def q8_panels(tensor):
-    """``tensor`` (a Q8_0Tensor, Q4_KTensor, Q4_1Tensor or AffineTensor of a multiple of 16 rows) as Q8Panels, packed
-    by this module's k_pack_q8_panels, as the q8 mode's load packs it;
+    """``tensor`` (a Q8_0Tensor, Q5_0Tensor, Q4_KTensor, Q4_1Tensor or
+    AffineTensor of a multiple of 16 rows) as Q8Panels, packed by this
+    module's k_pack_q8_panels, as the q8 mode's load packs it;
     ValueError where the module's kernels read no panels. For tests and tools."""
     if not k_q8_stores_panels():
         raise ValueError("q8_panels: this module's kernels do not read panels")
     if not can_pack(tensor):
-        raise ValueError("q8_panels: needs a Q8_0, Q4_K, Q4_1 or affine matrix of a multiple of 16 rows")
+        raise ValueError("q8_panels: needs a Q8_0, Q5_0, Q4_K, Q4_1 or affine matrix of a multiple of 16 rows")
     return _pack_panels({"w": tensor}, ["w"], [])["w"]
 
 

@@ -23,6 +23,7 @@ cdef enum QLayout:
     QLAYOUT_Q8_PANELS = 7  # a Q8_0 matrix as 16-row panels, packed at load for the q8 mode of a module that stores them
     QLAYOUT_Q4_PANELS = 8  # a Q4_K or Q4_1 matrix as 16-row panels of 4-bit levels, likewise
     QLAYOUT_AFFINE_PANELS = 9  # a QLAYOUT_AFFINE matrix as 16-row panels of its int8 levels, likewise
+    QLAYOUT_Q5_PANELS = 10  # a Q5_0 matrix as 16-row panels of 5-bit levels, likewise
 
 # QLAYOUT_Q8_PANELS: rows (a multiple of 16) in panels of 16, back to back;
 # a panel is cols / 32 blocks of Q8_PANEL_BLOCK_BYTES, 64-byte aligned: eight
@@ -44,10 +45,17 @@ cdef enum QLayout:
 # 16 rows' a of each record in the block (one vector, or two for records of
 # 16), then their b likewise when the records have one:
 # _affine_panel_block_bytes(sub, has_offset), the records' own bytes.
+# QLAYOUT_Q5_PANELS: a Q5_0 matrix: per block of 32 columns, four vectors of
+# 64 bytes holding the low four bits of each level + 16 (0 .. 31) as
+# QLAYOUT_Q4_PANELS holds its nibbles (vectors 0-3 of a QLAYOUT_Q8_PANELS
+# block in the low nibbles, 4-7 in the high ones), then eight 64-bit words,
+# word k's bit j the fifth bit of byte j of level vector k, then the 16
+# rows' f32(d): Q5_PANEL_BLOCK_BYTES, against 352 as Q5_0 blocks.
 cdef enum:
     Q8_PANEL_ROWS = 16
     Q8_PANEL_BLOCK_BYTES = 576
     Q4_PANEL_BLOCK_BYTES = 384
+    Q5_PANEL_BLOCK_BYTES = 384
 
 # Q4_K: each run of 256 values of a row is one super-block of 144 bytes (f16
 # d, f16 dmin, 12 bytes of 6-bit scales and mins, then 128 bytes qs):

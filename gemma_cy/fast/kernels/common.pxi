@@ -171,6 +171,8 @@ cdef inline Py_ssize_t _row_bytes(const QMatrix* w) noexcept nogil:
         return nb * Q8_PANEL_BLOCK_BYTES // Q8_PANEL_ROWS
     if w.layout == QLAYOUT_Q4_PANELS:
         return nb * Q4_PANEL_BLOCK_BYTES // Q8_PANEL_ROWS
+    if w.layout == QLAYOUT_Q5_PANELS:
+        return nb * Q5_PANEL_BLOCK_BYTES // Q8_PANEL_ROWS
     if w.layout == QLAYOUT_AFFINE_PANELS:
         return nb * _affine_panel_block_bytes(w.sub, w.has_offset) // Q8_PANEL_ROWS
     return w.cols  # QLAYOUT_I8_TENSOR
@@ -183,7 +185,8 @@ cdef inline Py_ssize_t _affine_panel_block_bytes(Py_ssize_t sub, bint has_offset
 
 cdef inline bint _stored_panels(const QMatrix* w) noexcept nogil:
     """True for the layouts packed as panels at load (the q8 mode only)."""
-    return w.layout == QLAYOUT_Q8_PANELS or w.layout == QLAYOUT_Q4_PANELS or w.layout == QLAYOUT_AFFINE_PANELS
+    return (w.layout == QLAYOUT_Q8_PANELS or w.layout == QLAYOUT_Q4_PANELS or w.layout == QLAYOUT_AFFINE_PANELS
+            or w.layout == QLAYOUT_Q5_PANELS)
 
 
 cdef void k_dequantize_affine(float* out, const uint8_t* rec, Py_ssize_t cols, Py_ssize_t sub,
@@ -537,6 +540,32 @@ cdef void k_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept no
         _q4_panel_matrix_row(out, w, row)
     elif w.layout == QLAYOUT_AFFINE_PANELS:
         _affine_panel_matrix_row(out, w, row)
+    elif w.layout == QLAYOUT_Q5_PANELS:
+        _q5_panel_matrix_row(out, w, row)
+
+
+cdef void _q5_panel_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:
+    """k_matrix_row of a QLAYOUT_Q5_PANELS matrix (api.pxi): level j of the
+    row's block b: byte at = 4 (row % 16) + j % 4 of level vector k = j // 4,
+    its low four bits the low (k < 4) or high nibble of byte at of vector
+    k % 4, its fifth bit bit at of word k; minus 16, times f32(d), as
+    k_dequantize_q8_0 of the Q5_0 matrix's Q8_0 conversion (the same product)."""
+    cdef Py_ssize_t nb = w.cols // Q8_0_BLOCK, lane = row % Q8_PANEL_ROWS, b, j, k, at
+    cdef const uint8_t* blk = w.blocks + row // Q8_PANEL_ROWS * nb * Q5_PANEL_BLOCK_BYTES
+    cdef uint64_t word
+    cdef float d
+    cdef int level
+    for b in range(nb):
+        d = _load_f32(blk + 320 + 4 * lane)
+        for j in range(Q8_0_BLOCK):
+            k = j // 4
+            at = 4 * lane + j % 4
+            level = blk[64 * (k % 4) + at]
+            level = (level >> 4) if k >= 4 else (level & 15)
+            memcpy(&word, blk + 256 + 8 * k, 8)
+            level = level | ((<int> ((word >> at) & 1)) << 4)
+            out[b * Q8_0_BLOCK + j] = d * <float> (level - 16)
+        blk += Q5_PANEL_BLOCK_BYTES
 
 
 cdef void _affine_panel_matrix_row(float* out, const QMatrix* w, Py_ssize_t row) noexcept nogil:

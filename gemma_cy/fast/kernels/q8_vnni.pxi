@@ -71,6 +71,11 @@ cdef extern from "immintrin.h" nogil:
     __m512i _mm512_srli_epi16(__m512i a, unsigned int imm)
     __m512i _mm512_slli_epi16(__m512i a, unsigned int imm)
     __m512i _mm512_set1_epi8(char a)
+    ctypedef unsigned long long __mmask64
+    __mmask64 _mm512_test_epi8_mask(__m512i a, __m512i b)
+    __m512i _mm512_mask_add_epi8(__m512i src, __mmask64 k, __m512i a, __m512i b)
+    __m512i _mm512_sub_epi8(__m512i a, __m512i b)
+    __m512i _mm512_add_epi8(__m512i a, __m512i b)
     __m512 _mm512_fnmadd_ps(__m512 a, __m512 b, __m512 c)
     void _mm256_storeu_ps(float* p, __m256 a)
     __m256i _mm256_loadu_si256(const __m256i* p)
@@ -288,6 +293,9 @@ cdef void k_pack_q8_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssi
     if w.layout == QLAYOUT_Q4_K or w.layout == QLAYOUT_Q4_1:
         _pack_q4_panels(dst, w, r0, r1)
         return
+    if w.layout == QLAYOUT_Q5_0:
+        _pack_q5_panels(dst, w, r0, r1)
+        return
     cdef Py_ssize_t size = Q8_PANEL_BLOCK_BYTES  # a Q8_0 matrix's blocks; an affine one's:
     if w.layout == QLAYOUT_AFFINE:
         size = _affine_panel_block_bytes(w.sub, w.has_offset)
@@ -318,6 +326,85 @@ cdef void _pack_q4_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssiz
                     _mm512_slli_epi16(_mm512_and_si512(_mm512_loadu_si512(tmp + 64 * (k + 4)), m15), 4)))
             memcpy(blk + 256, tmp + PANEL_LEVEL_BYTES, 128)  # a, then b
         r += PANEL_ROWS
+
+
+cdef void _pack_q5_panels(uint8_t* dst, const QMatrix* w, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """k_pack_q8_panels of a Q5_0 matrix: each block as _pack_panel lays out
+    its Q8_0 conversion (levels + 128, f32(d)), the levels then made level +
+    16 (0 .. 31): the low four bits of vectors k and k + 4 folded into one
+    of nibbles, each vector's fifth bits a 64-bit word, then f32(d)."""
+    cdef Py_ssize_t nb = w.cols // 32, r = r0, b, k
+    cdef __m256i y[16]
+    cdef PanelRows rows
+    cdef uint8_t tmp[PANEL_LEVEL_BYTES + 64]
+    cdef uint8_t* blk
+    cdef __m512i m15 = _mm512_set1_epi8(15), to5 = _mm512_set1_epi8(112), bit4 = _mm512_set1_epi8(16)
+    cdef __m512i v[8]
+    cdef __mmask64 fifth
+    while r < r1:
+        _panel_rows(&rows, w, r)
+        for b in range(nb):
+            blk = dst + (r // PANEL_ROWS * nb + b) * Q5_PANEL_BLOCK_BYTES
+            _panel_block(<q8_m256i*> y, <float*> (tmp + PANEL_LEVEL_BYTES), w, &rows, b)
+            _pack_levels(tmp, y)
+            for k in range(8):  # level + 128 - 112: 0 .. 31
+                v[k] = _mm512_sub_epi8(_mm512_loadu_si512(tmp + 64 * k), to5)
+                fifth = _mm512_test_epi8_mask(v[k], bit4)
+                memcpy(blk + 256 + 8 * k, &fifth, 8)
+            for k in range(4):
+                _mm512_storeu_si512(blk + 64 * k, _mm512_or_si512(
+                    _mm512_and_si512(v[k], m15), _mm512_slli_epi16(_mm512_and_si512(v[k + 4], m15), 4)))
+            memcpy(blk + 320, tmp + PANEL_LEVEL_BYTES, 64)  # f32(d)
+        r += PANEL_ROWS
+
+
+cdef inline void _q5_levels(__m512i* wv, const uint8_t* blk) noexcept nogil:
+    """The eight level vectors of a QLAYOUT_Q5_PANELS block: level + 16
+    (uint8, 0 .. 31), the fifth bit added by a masked add of 16."""
+    cdef __m512i m15 = _mm512_set1_epi8(15), bit4 = _mm512_set1_epi8(16)
+    cdef __m512i v, lo
+    cdef __mmask64 fifth
+    cdef Py_ssize_t k
+    for k in range(4):
+        v = _mm512_loadu_si512(blk + 64 * k)
+        lo = _mm512_and_si512(v, m15)
+        memcpy(&fifth, blk + 256 + 8 * k, 8)
+        wv[k] = _mm512_mask_add_epi8(lo, fifth, lo, bit4)
+        lo = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15)
+        memcpy(&fifth, blk + 256 + 8 * (k + 4), 8)
+        wv[k + 4] = _mm512_mask_add_epi8(lo, fifth, lo, bit4)
+
+
+cdef inline void _q5_panel_one(float* res, const uint8_t* panel, Py_ssize_t nb, const PanelBlock* acts,
+                               Py_ssize_t n_pad) noexcept nogil:
+    """_panel_one of a QLAYOUT_Q5_PANELS panel: the levels + 16 against a
+    bias of -16 sum xq (bias[0] / 8: exact), so each block's integer sum is
+    the Q8_0 conversion's, then _panel_one's one FMA with f32(d * xd)."""
+    cdef __m512 f = _mm512_setzero_ps()
+    cdef __m512i wv[8]
+    cdef Py_ssize_t b
+    for b in range(nb):
+        _q5_levels(wv, panel)
+        _add_term(&f, _mm512_add_epi32(_isum(wv, 4, acts.xq, acts.bias[0] // 8), _isum(wv + 4, 4, acts.xq + 16, 0)),
+                  _mm512_loadu_ps(panel + 320), acts.xd)
+        panel += Q5_PANEL_BLOCK_BYTES
+        acts += n_pad
+    _mm512_storeu_ps(res, f)
+
+
+cdef void _q5_unpack_panel(uint8_t* dst, const uint8_t* panel, Py_ssize_t nb) noexcept nogil:
+    """A QLAYOUT_Q5_PANELS panel as a QLAYOUT_Q8_PANELS one (levels + 128,
+    f32(d)), for the four-position kernel."""
+    cdef __m512i wv[8]
+    cdef __m512i to8 = _mm512_set1_epi8(112)
+    cdef Py_ssize_t b, k
+    for b in range(nb):
+        _q5_levels(wv, panel)
+        for k in range(8):
+            _mm512_storeu_si512(dst + 64 * k, _mm512_add_epi8(wv[k], to8))
+        memcpy(dst + PANEL_LEVEL_BYTES, panel + 320, 64)
+        dst += Q8_PANEL_BLOCK_BYTES
+        panel += Q5_PANEL_BLOCK_BYTES
 
 
 cdef inline void _q4_levels(__m512i* wv, const uint8_t* blk) noexcept nogil:
@@ -414,19 +501,20 @@ cdef inline void _affine_panel_one(float* res, const uint8_t* panel, Py_ssize_t 
 
 cdef void _gemm_q8_stored(float* out, const QMatrix* w, const int8_t* xq, const float* xd, Py_ssize_t n_tokens,
                           uint8_t* scratch) noexcept nogil:
-    """k_gemm_q8 of a QLAYOUT_Q8_PANELS, QLAYOUT_Q4_PANELS or
-    QLAYOUT_AFFINE_PANELS matrix: one position panel by panel (_panel_one,
-    _q4_panel_one, _affine_panel_one), more four at a time
-    (_panel_positions, a Q4 panel unpacked first); scratch: as
-    _gemm_q8_panels'."""
+    """k_gemm_q8 of a matrix packed at load (_stored_panels): one position
+    panel by panel (_panel_one, _q4_panel_one, _q5_panel_one,
+    _affine_panel_one), more four at a time (_panel_positions, a Q4 or Q5
+    panel unpacked first); scratch: as _gemm_q8_panels'."""
     cdef Py_ssize_t nb = w.cols // 32, p, t, j
     cdef Py_ssize_t n_pad = (n_tokens + PANEL_POSITIONS - 1) // PANEL_POSITIONS * PANEL_POSITIONS
     cdef bint q4 = w.layout == QLAYOUT_Q4_PANELS, affine = w.layout == QLAYOUT_AFFINE_PANELS
+    cdef bint q5 = w.layout == QLAYOUT_Q5_PANELS
     cdef bint sub16 = affine and w.sub == 16, offset = q4 or (affine and w.has_offset)
-    cdef Py_ssize_t stored = Q4_PANEL_BLOCK_BYTES if q4 else (
-        _affine_panel_block_bytes(w.sub, w.has_offset) if affine else Q8_PANEL_BLOCK_BYTES)
-    cdef Py_ssize_t block_bytes = PANEL_LEVEL_BYTES + 128 if q4 else stored  # as _panel_positions reads
-    cdef uint8_t* unpacked = <uint8_t*> ((<size_t> scratch + 63) & ~(<size_t> 63))  # a Q4 panel, unpacked
+    cdef Py_ssize_t stored = Q4_PANEL_BLOCK_BYTES if q4 else (Q5_PANEL_BLOCK_BYTES if q5 else (
+        _affine_panel_block_bytes(w.sub, w.has_offset) if affine else Q8_PANEL_BLOCK_BYTES))
+    cdef Py_ssize_t block_bytes = PANEL_LEVEL_BYTES + 128 if q4 else (  # as _panel_positions reads
+        Q8_PANEL_BLOCK_BYTES if q5 else stored)
+    cdef uint8_t* unpacked = <uint8_t*> ((<size_t> scratch + 63) & ~(<size_t> 63))  # a Q4 or Q5 panel, unpacked
     cdef PanelBlock* acts = <PanelBlock*> (unpacked + nb * PANEL_MAX_BLOCK_BYTES)
     cdef const uint8_t* panel
     cdef float res[PANEL_POSITIONS * PANEL_ROWS]
@@ -436,6 +524,8 @@ cdef void _gemm_q8_stored(float* out, const QMatrix* w, const int8_t* xq, const 
         if n_tokens == 1:
             if q4:
                 _q4_panel_one(out + p * PANEL_ROWS, panel, nb, acts, n_pad)
+            elif q5:
+                _q5_panel_one(out + p * PANEL_ROWS, panel, nb, acts, n_pad)
             elif affine:
                 _affine_panel_one(out + p * PANEL_ROWS, panel, nb, stored, sub16, offset, acts, n_pad)
             else:
@@ -443,6 +533,9 @@ cdef void _gemm_q8_stored(float* out, const QMatrix* w, const int8_t* xq, const 
             continue
         if q4:
             _q4_unpack_panel(unpacked, panel, nb)
+            panel = unpacked
+        elif q5:
+            _q5_unpack_panel(unpacked, panel, nb)
             panel = unpacked
         t = 0
         while t < n_tokens:

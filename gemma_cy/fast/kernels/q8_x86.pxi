@@ -606,6 +606,8 @@ cdef inline Py_ssize_t _panel_row_bytes(const QMatrix* w) noexcept nogil:
         return w.cols // Q4_K_BLOCK * Q4_K_BYTES
     if w.layout == QLAYOUT_Q4_1:
         return w.cols // 32 * Q4_1_BYTES
+    if w.layout == QLAYOUT_Q5_0:
+        return w.cols // 32 * Q5_0_BYTES
     return _affine_row_bytes(w)
 
 
@@ -668,6 +670,11 @@ cdef void _panel_block(q8_m256i* y, float* sc, const QMatrix* w, const PanelRows
             ab = w.ab + (p.row_of[i] * nb + b) * 2
             sc[i] = ab[0]
             sc[16 + i] = ab[1]
+    elif w.layout == QLAYOUT_Q5_0:  # its Q8_0 conversion's levels and f32(d)
+        for i in range(PANEL_ROWS):
+            at = p.rows[i] + b * Q5_0_BYTES
+            _q5_0_levels(<int8_t*> &y[i], at)
+            sc[i] = _block_d(at)
     elif w.layout == QLAYOUT_Q4_1:  # as _q4_1_record: a = f32(d), b = -f32(m); low nibbles first
         for i in range(PANEL_ROWS):
             at = p.rows[i] + b * Q4_1_BYTES
