@@ -450,6 +450,9 @@ def bench_model(name: str, args) -> dict:
         starts = start_rows(model, name, args) if "start" in args.parts else []
         clis = cli_rows(model, name, args) if "cli" in args.parts else []
         warm = figure_rows(model, path, f.name, args) if "warm" in args.parts else []
+        labels = [row.label for row in starts + clis + warm]
+        if len(set(labels)) < len(labels):  # results are kept by label
+            raise SystemExit(f"bench: two rows share a label: {labels}")
         probes = [bandwidth_probe(warm[0].step_bytes)] if warm else []
         for row in starts:  # untimed warm-up: the file in the page cache, any per-file cache built
             row.first, error = run_row(row)

@@ -39,9 +39,9 @@ def cli_commands(original: str, quant: str, default: bool, prompt: str, n_ctx: i
     --weights, as a user would), then llama-cpp-python's loop if installed."""
     cli = [sys.executable, "-m", "gemma_cy", "--prompt", prompt, "--n_dec", str(n_dec), "--temp", "0",
            "--terminate_on_eos", "0", "--json"] + ([] if default else ["--weights", original])
-    rows = [(f"gemma-cy CLI ({quant} as stored)", cli, True),
-            (f"gemma-cy CLI, q8 activations ({quant} as stored)", cli + ["--activations", "q8"], True)]
-    if peers_python:
+    rows = [(f"gemma-cy CLI decode ({quant} as stored)", cli, True),
+            (f"gemma-cy CLI decode, q8 activations ({quant} as stored)", cli + ["--activations", "q8"], True)]
+    if peers_python:  # (labels unlike the start part's: a row's results are found by its label)
         rows.append((f"llama-cpp-python generate ({quant}, the same file)",
                      [peers_python, "-c", LLAMA_DECODE, original, prompt, str(n_ctx), str(n_dec)], False))
     return rows
