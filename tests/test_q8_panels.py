@@ -35,6 +35,17 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def assert_products_and_rows_equal(p, t, rng, positions: int) -> None:
+    """The panels ``p`` give the products of ``positions`` random rows of x
+    (any magnitude) and the first and last rows of the matrix ``t`` itself,
+    bit for bit."""
+    rows, cols = t.shape
+    x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
+    assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
+    for row in (0, rows - 1):
+        assert same_bits(AVX512.matrix_row(p, row), AVX512.matrix_row(t, row))
+
+
 @settings(max_examples=40, deadline=None)
 @given(panels=st.integers(1, 6), blocks=st.integers(1, 40), positions=st.integers(1, 19),
        seed=st.integers(0, 2**32 - 1))
@@ -59,10 +70,7 @@ def test_q4_k_panels_are_the_q4_k_matrix_bit_for_bit(panels, super_blocks, posit
     t = Q4_KTensor(rng.integers(0, 256, (rows, cols // 256, 144), dtype=np.uint8), ab.astype(np.float32))
     p = AVX512.q8_panels(t)
     assert p.levels4 and p.panels.nbytes < t.blocks.nbytes + t.ab.nbytes  # 384 bytes per 16 x 32, not 416
-    x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
-    assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
-    for row in (0, rows - 1):
-        assert same_bits(AVX512.matrix_row(p, row), AVX512.matrix_row(t, row))
+    assert_products_and_rows_equal(p, t, rng, positions)
 
 
 @settings(max_examples=30, deadline=None)
@@ -80,10 +88,7 @@ def test_q4_1_panels_are_the_q4_1_matrix_bit_for_bit(panels, blocks, positions, 
     t = Q4_1Tensor(raw)
     p = AVX512.q8_panels(t)
     assert p.levels4 and p.panels.nbytes == rows * blocks * 24  # 384 bytes per 16 x 32
-    x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
-    assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
-    for row in (0, rows - 1):
-        assert same_bits(AVX512.matrix_row(p, row), AVX512.matrix_row(t, row))
+    assert_products_and_rows_equal(p, t, rng, positions)
 
 
 @settings(max_examples=40, deadline=None)
@@ -102,10 +107,7 @@ def test_affine_panels_are_the_records_bit_for_bit(panels, blocks, positions, su
     t = AffineTensor(records, sub, offset, "test")
     p = AVX512.q8_panels(t)
     assert p.sub == sub and p.has_offset == offset and p.panels.nbytes == records.nbytes
-    x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
-    assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t, x, "q8"))
-    for row in (0, rows - 1):
-        assert same_bits(AVX512.matrix_row(p, row), AVX512.matrix_row(t, row))
+    assert_products_and_rows_equal(p, t, rng, positions)
 
 
 @settings(max_examples=40, deadline=None)
@@ -122,12 +124,9 @@ def test_q5_0_panels_are_the_q5_0_matrix_bit_for_bit(panels, blocks, positions, 
     t = Q5_0Tensor(raw)
     p = AVX512.q8_panels(t)
     assert p.levels5 and p.panels.nbytes == rows * blocks * 24  # 384 bytes per 16 x 32, 352 as Q5_0
-    x = (rng.standard_normal((positions, cols)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
-    want = AVX512.gemm(t, x, "q8")
-    assert same_bits(want, AVX512.gemm(t.q8_0(), x, "q8"))
-    assert same_bits(AVX512.gemm(p, x, "q8"), want)
-    for row in (0, rows - 1):
-        assert same_bits(AVX512.matrix_row(p, row), AVX512.matrix_row(t, row))
+    assert_products_and_rows_equal(p, t, rng, positions)
+    x = rng.standard_normal((2, cols)).astype(np.float32)
+    assert same_bits(AVX512.gemm(p, x, "q8"), AVX512.gemm(t.q8_0(), x, "q8"))  # the conversion's, too
 
 
 def test_rows_look_up_as_the_q8_0_matrix():
